@@ -1,0 +1,6 @@
+"""Everything GPU-specific: families, config spaces, the autotune wrapper, heuristic files."""
+from .configs import KERNELS, KernelSpace, autotune, autotune_enabled, chosen_config, config_dict, launch
+from .families import FAMILIES, Family, current_family, is_interpreting
+
+__all__ = ["FAMILIES", "Family", "current_family", "is_interpreting", "KernelSpace", "autotune",
+           "autotune_enabled", "launch", "chosen_config", "config_dict", "KERNELS"]

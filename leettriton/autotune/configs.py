@@ -1,0 +1,182 @@
+"""Config spaces per kernel and family, and the autotune wrapper every kernel uses.
+
+Each kernel declares one :class:`KernelSpace`: the axes of its configs per
+family (tile sizes, ``num_warps``, ``num_stages``), the interpreter's single
+config, and a pruning filter (shared memory, registers, tiles larger than the
+problem).  :func:`autotune` turns that into ``@triton.autotune`` with
+
+* every family's configs in the list (built at import, pure Python),
+* an ``early_config_prune`` that, at the first launch for a key, keeps only the
+  current family's configs that fit (so the GPU is probed lazily, never at import),
+* a ``do_bench`` stand-in that never benchmarks under the interpreter.
+
+``LEETTRITON_AUTOTUNE=0`` keeps only the first fitting config of the family
+(no benchmarking on the GPU either): the test suite uses it so that hundreds of
+shapes do not each tune dozens of configs; ``tests/test_configs.py`` launches
+every config explicitly instead.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import triton
+
+from .families import FAMILIES, Family, current_family, is_interpreting
+
+__all__ = ["KernelSpace", "autotune", "launch", "chosen_config", "KERNELS", "config_dict", "autotune_enabled"]
+
+ConfigDict = Mapping[str, int]
+
+# Every autotuned kernel of the package, by space name (the tuner reads their choices).
+KERNELS: dict[str, Any] = {}
+
+
+def _default_fits(config: ConfigDict, args: Mapping[str, Any]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class KernelSpace:
+    """The configs one kernel may run with.
+
+    Attributes:
+        name: the kernel's key in heuristic files and in :data:`KERNELS`.
+        axes: per family name (or ``"default"``), the values of each axis; the
+            axes ``num_warps`` and ``num_stages`` are launch options, the rest
+            are ``tl.constexpr`` meta-parameters of the kernel.
+        cpu: the one config used under the interpreter.
+        smem: ``smem(config, args) -> bytes``: shared memory the config needs for
+            the launch whose named arguments are ``args`` (tensors, sizes).
+        fits: ``fits(config, args) -> bool``: any other pruning (registers per
+            thread, tiles larger than the problem).
+    """
+
+    name: str
+    axes: Mapping[str, Mapping[str, Sequence[int]]]
+    cpu: ConfigDict
+    smem: Callable[[ConfigDict, Mapping[str, Any]], int]
+    fits: Callable[[ConfigDict, Mapping[str, Any]], bool] = field(default=_default_fits)
+
+    def family_configs(self, family: Family | str) -> list[dict[str, int]]:
+        """All configs of a family, before pruning for a particular launch."""
+        name = family if isinstance(family, str) else family.name
+        if name == "cpu":
+            return [dict(self.cpu)]
+        axes = self.axes.get(name)
+        if axes is None:
+            axes = self.axes["default"]
+        keys = list(axes)
+        return [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+
+    def all_configs(self) -> list[dict[str, int]]:
+        """The union of every family's configs (the list handed to ``triton.autotune``)."""
+        seen: dict[tuple, dict[str, int]] = {}
+        for fam in FAMILIES:
+            for cfg in self.family_configs(fam):
+                seen.setdefault(tuple(sorted(cfg.items())), cfg)
+        return list(seen.values())
+
+    def usable(self, family: Family, args: Mapping[str, Any]) -> list[dict[str, int]]:
+        """The family's configs that fit a launch with named arguments ``args``."""
+        configs = self.family_configs(family)
+        if family.name == "cpu":  # the interpreter's one config serves every shape
+            return configs
+        return [cfg for cfg in configs if self.smem(cfg, args) <= family.smem_per_block and self.fits(cfg, args)]
+
+
+def autotune_enabled() -> bool:
+    """False when ``LEETTRITON_AUTOTUNE=0``: each kernel then runs its family's first fitting config."""
+    return os.environ.get("LEETTRITON_AUTOTUNE", "1") not in ("0", "off", "false")
+
+
+def config_dict(config: "triton.Config") -> dict[str, int]:
+    """A ``triton.Config`` as the plain dict used in heuristic files."""
+    out = dict(config.kwargs)
+    out["num_warps"] = config.num_warps
+    out["num_stages"] = config.num_stages
+    return out
+
+
+def _to_triton(cfg: ConfigDict) -> "triton.Config":
+    meta = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+    return triton.Config(meta, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2))
+
+
+_bench_state = threading.local()
+
+
+def _do_bench(kernel_call, quantiles):
+    # Never benchmark under the interpreter (every config is equally slow), nor a
+    # single surviving config (older Triton benchmarks even a list of one).
+    if is_interpreting() or getattr(_bench_state, "single", False):
+        return [0.0 for _ in quantiles]
+    from triton.testing import do_bench
+
+    return do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+
+class NoConfigFits(ValueError):
+    pass
+
+
+def autotune(space: KernelSpace, key: Sequence[str], **kwargs):
+    """``@triton.autotune`` over ``space``, pruned lazily to the current family.
+
+    ``key`` names the kernel arguments the choice depends on: feature flags and
+    the sizes r, d -- never the sequence length.  Extra keyword arguments
+    (``restore_value``, ``reset_to_zero``) go to ``triton.autotune``.
+    """
+    def prune(configs, named_args, **meta):
+        family = current_family()
+        args = {**named_args, **meta}
+        wanted = {tuple(sorted(c.items())) for c in space.usable(family, args)}
+        kept = [c for c in configs if tuple(sorted(config_dict(c).items())) in wanted]
+        if not kept:
+            raise NoConfigFits(
+                f"leettriton: no config of kernel '{space.name}' fits the {family.name} family "
+                f"(shared memory {family.smem_per_block} B) for this launch")
+        if not autotune_enabled():
+            # keep the family's order: its first fitting config
+            order = [tuple(sorted(c.items())) for c in space.family_configs(family)]
+            kept.sort(key=lambda c: order.index(tuple(sorted(config_dict(c).items()))))
+            kept = kept[:1]
+        _bench_state.single = len(kept) == 1
+        return kept
+
+    def decorate(fn):
+        tuned = triton.autotune(
+            configs=[_to_triton(c) for c in space.all_configs()],
+            key=list(key),
+            prune_configs_by={"early_config_prune": prune},
+            do_bench=_do_bench,
+            **kwargs,
+        )(fn)
+        tuned.space = space
+        KERNELS[space.name] = tuned
+        return tuned
+
+    return decorate
+
+
+def launch(kernel, grid, config: ConfigDict | None, **args):
+    """Launch an autotuned ``kernel``: by its autotuner, or directly with ``config``.
+
+    ``config`` (a dict such as a heuristic file holds) bypasses autotuning:
+    the call costs one compile and no benchmarking.
+    """
+    if config is None:
+        return kernel[grid](**args)
+    meta = dict(config)
+    num_warps = meta.pop("num_warps", 4)
+    num_stages = meta.pop("num_stages", 2)
+    return kernel.fn[grid](**args, **meta, num_warps=num_warps, num_stages=num_stages)
+
+
+def chosen_config(kernel) -> dict[str, int] | None:
+    """The config the autotuner of ``kernel`` ran last, as a dict (``None`` before any run)."""
+    best = getattr(kernel, "best_config", None)
+    return None if best is None else config_dict(best)

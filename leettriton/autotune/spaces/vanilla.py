@@ -1,0 +1,56 @@
+"""Configs of the vanilla (tiled quadratic) kernel and its final-state kernel."""
+from __future__ import annotations
+
+from ..configs import KernelSpace
+from ._util import elem_bytes, pow2, regs_per_thread
+
+
+def _fwd_smem(cfg, args) -> int:
+    es = elem_bytes(args)
+    bt, bk, bv = cfg["BT"], cfg["BK"], cfg["BV"]
+    # pipelined b, c and v tiles, plus the score tile re-laid-out as a dot operand
+    return cfg["num_stages"] * (2 * bt * bk + bt * bv) * es + bt * bt * es
+
+
+def _fwd_fits(cfg, args) -> bool:
+    if cfg["BK"] > pow2(args["R"]) or cfg["BV"] > pow2(args["D"]):
+        return False
+    return regs_per_thread(cfg["BT"] * cfg["BV"] + cfg["BT"] * cfg["BT"], cfg["num_warps"]) <= 160
+
+
+FWD = KernelSpace(
+    name="vanilla.fwd",
+    axes={
+        "default": dict(BT=[64, 128], BK=[64, 128], BV=[64, 128], num_warps=[4, 8], num_stages=[2]),
+        "a6000": dict(BT=[32, 64], BK=[32, 64], BV=[32, 64], num_warps=[4], num_stages=[2]),
+        "ada": dict(BT=[32, 64], BK=[32, 64], BV=[32, 64], num_warps=[4], num_stages=[2]),
+        "h100": dict(BT=[64, 128], BK=[64, 128], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
+        "h200": dict(BT=[64, 128], BK=[64, 128], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
+    },
+    cpu=dict(BT=32, BK=32, BV=32, num_warps=4, num_stages=1),
+    smem=_fwd_smem,
+    fits=_fwd_fits,
+)
+
+
+def _state_smem(cfg, args) -> int:
+    return cfg["num_stages"] * cfg["BT"] * (cfg["BK"] + cfg["BV"]) * elem_bytes(args)
+
+
+def _state_fits(cfg, args) -> bool:
+    if cfg["BK"] > pow2(args["R"]) or cfg["BV"] > pow2(args["D"]):
+        return False
+    return regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"]) <= 128
+
+
+STATE = KernelSpace(
+    name="vanilla.state",
+    axes={
+        "default": dict(BT=[64], BK=[64, 128], BV=[64], num_warps=[4], num_stages=[2]),
+        "h100": dict(BT=[64], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
+        "h200": dict(BT=[64], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
+    },
+    cpu=dict(BT=32, BK=32, BV=32, num_warps=4, num_stages=1),
+    smem=_state_smem,
+    fits=_state_fits,
+)

@@ -1,0 +1,1 @@
+"""One module per method: the ``@triton.jit`` kernel(s), then the launcher."""

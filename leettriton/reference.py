@@ -1,0 +1,88 @@
+"""The float64 oracle: the operator computed from its definition.
+
+Short sequences use the dense decayed mask, O = (B Cᵀ ⊙ M) V + γ^(t+1) B S₀;
+long ones a chunked float64 recurrence (dense within a chunk, the float64 state
+between chunks), so a check at n = 100 000 needs memory for one chunk, not n².
+Every decay factor is exp2(λ · distance) with distance ≥ 0, in float64.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .api import _bhnd, make_problem
+
+__all__ = ["reference"]
+
+DENSE_MAX_N = 1024
+CHUNK = 256
+
+
+def _gamma64(gamma, heads: int, device) -> Optional[torch.Tensor]:
+    if gamma is None:
+        return None
+    if isinstance(gamma, torch.Tensor):
+        return gamma.detach().reshape(heads).to(device=device, dtype=torch.float64)
+    return torch.full((heads,), float(gamma), dtype=torch.float64, device=device)
+
+
+def _chunk(b, c, v, lam, state):
+    """Output of one chunk given the state before it; returns (out, state after). All float64."""
+    T = b.shape[2]
+    t = torch.arange(T, device=b.device, dtype=torch.float64)
+    scores = b @ c.transpose(-1, -2)                                   # [B, H, T, T]
+    dist = t[:, None] - t[None, :]
+    causal = dist >= 0
+    if lam is None:
+        mask = causal.to(torch.float64)
+        row_decay = torch.ones(1, 1, T, 1, dtype=torch.float64, device=b.device)
+        col_decay = torch.ones(1, 1, T, 1, dtype=torch.float64, device=b.device)
+        total = torch.ones(1, 1, 1, 1, dtype=torch.float64, device=b.device)
+    else:
+        lam = lam.view(1, -1, 1, 1)
+        mask = torch.where(causal, torch.exp2(lam * dist.clamp(min=0)), torch.zeros((), dtype=torch.float64,
+                                                                                  device=b.device))
+        row_decay = torch.exp2(lam * (t + 1).view(1, 1, T, 1))        # γ^(i+1): state seen by row i
+        col_decay = torch.exp2(lam * (T - 1 - t).view(1, 1, T, 1))    # γ^(T-1-j): key j at the chunk's end
+        total = torch.exp2(lam * T)
+    out = (scores * mask) @ v
+    if state is not None:
+        out = out + (b * row_decay) @ state
+        state = total * state + (c * col_decay).transpose(-1, -2) @ v
+    else:
+        state = (c * col_decay).transpose(-1, -2) @ v
+    return out, state
+
+
+def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
+              precision: Optional[str] = None, device=None):
+    """The float64 oracle, with the signature of :func:`leettriton.linear_attention`.
+
+    Inputs are validated exactly as for ``linear_attention``; the computation is
+    done in float64 on ``device`` (default: the inputs' device) from the
+    definition, with γ taken in float64 from ``gamma`` as given.  ``precision``
+    is accepted for signature compatibility and ignored.
+
+    Returns:
+        The float64 output in the inputs' layout; with ``return_state=True``,
+        ``(output, state)`` with the float64 final state ``(batch, heads, r, d)``.
+    """
+    p, _ = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=False,
+                        precision=precision, where="reference")
+    B, H, n, r, d = p.shape
+    dev = torch.device(device) if device is not None else p.v.device
+    lam = None
+    if p.log2_gamma is not None:
+        lam = torch.log2(_gamma64(gamma, H, dev))
+    state = None if initial_state is None else initial_state.detach().to(device=dev, dtype=torch.float64)
+    out = torch.empty((B, H, n, d), dtype=torch.float64, device=dev)
+    step = n if n <= DENSE_MAX_N else CHUNK
+    for t0 in range(0, n, step):
+        sl = slice(t0, min(n, t0 + step))
+        bb, cc, vv = (x[:, :, sl].detach().to(device=dev, dtype=torch.float64) for x in (p.b, p.c, p.v))
+        out[:, :, sl], state = _chunk(bb, cc, vv, lam, state)
+    if state is None:
+        state = torch.zeros((B, H, r, d), dtype=torch.float64, device=dev)
+    out = _bhnd(out, layout)
+    return (out, state) if return_state else out

@@ -15,7 +15,8 @@ def _fwd_smem(cfg, args) -> int:
 def _fwd_fits(cfg, args) -> bool:
     if cfg["BK"] > pow2(args["R"]) or cfg["BV"] > pow2(args["D"]):
         return False
-    return regs_per_thread(cfg["BT"] * cfg["BV"] + cfg["BT"] * cfg["BT"], cfg["num_warps"]) <= 160
+    # accumulator + score tile per thread; beyond ~96 the loaded tiles make ptxas spill
+    return regs_per_thread(cfg["BT"] * cfg["BV"] + cfg["BT"] * cfg["BT"], cfg["num_warps"]) <= 96
 
 
 FWD = KernelSpace(
@@ -24,8 +25,8 @@ FWD = KernelSpace(
         "default": dict(BT=[64, 128], BK=[64, 128], BV=[64, 128], num_warps=[4, 8], num_stages=[2]),
         "a6000": dict(BT=[32, 64], BK=[32, 64], BV=[32, 64], num_warps=[4], num_stages=[2]),
         "ada": dict(BT=[32, 64], BK=[32, 64], BV=[32, 64], num_warps=[4], num_stages=[2]),
-        "h100": dict(BT=[64, 128], BK=[64, 128], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
-        "h200": dict(BT=[64, 128], BK=[64, 128], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
+        "h100": dict(BT=[64, 128], BK=[64], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
+        "h200": dict(BT=[64, 128], BK=[64], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
     },
     cpu=dict(BT=32, BK=32, BV=32, num_warps=4, num_stages=1),
     smem=_fwd_smem,

@@ -3,8 +3,8 @@
 Each program owns one [BT, BV] output tile and walks the key tiles j ≤ i up to
 the diagonal: scores = B_i C_jᵀ (over r in BK slices), times the decay mask
 built from relative positions, then O += scores V_j, all accumulated in fp32.
-The initial state adds γ^(i+1) B_i S₀; the final state comes from a second,
-small kernel over the whole sequence (the quadratic form has no state).
+The initial state adds γ^(i+1) B_i S₀; the final state comes from the shared
+segment-state kernel over the whole sequence (the quadratic form has no state).
 Cost O(n² (r + d)): it wins only for very short sequences.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..api import Problem
 from ..autotune import autotune, launch
 from ..autotune.spaces import vanilla as spaces
 from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from ._segments import final_state
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"]
 
@@ -71,44 +72,6 @@ def _vanilla_fwd_kernel(
     store_tile(o_ptr, acc, o_i, o_v, stride_on, stride_od, N, D)
 
 
-@autotune(spaces.STATE, key=_KEY)
-@triton.jit(do_not_specialize=["N"])
-def _vanilla_state_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-):
-    # S_{N-1} = γ^N S₀ + Σ_j γ^(N-1-j) c_jᵀ v_j, one [BK, BV] tile of it per program
-    i_k = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    c_ptr += i_b * stride_cb + i_h * stride_ch
-    v_ptr += i_b * stride_vb + i_h * stride_vh
-    st_ptr += i_b * stride_stb + i_h * stride_sth
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
-
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    acc = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_INITIAL:
-        s0_ptr += i_b * stride_s0b + i_h * stride_s0h
-        acc = load_tile(s0_ptr, o_k, o_v, stride_s0k, stride_s0d, R, D) * decay(lam, N, HAS_DECAY)
-    for t0 in range(0, N, BT):
-        o_t = t0 + tl.arange(0, BT)
-        b_c = load_tile(c_ptr, o_t, o_k, stride_cn, stride_ck, N, R)
-        b_v = load_tile(v_ptr, o_t, o_v, stride_vn, stride_vd, N, D)
-        col_decay = decay(lam, tl.maximum(N - 1 - o_t, 0), HAS_DECAY)
-        b_c = (b_c * col_decay[:, None]).to(b_v.dtype)
-        acc += mma(tl.trans(b_c), b_v, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
-    store_tile(st_ptr, acc, o_k, o_v, stride_stk, stride_std, R, D)
-
-
 def vanilla_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     """Launch the vanilla kernels for ``p`` (``config``: per-kernel configs, or None to autotune)."""
     B, H, n, r, d = p.shape
@@ -117,5 +80,4 @@ def vanilla_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     fwd_grid = lambda meta: (triton.cdiv(n, meta["BT"]), triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
     launch(_vanilla_fwd_kernel, fwd_grid, config.get(spaces.FWD.name), **args)
     if p.state is not None:
-        state_grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
-        launch(_vanilla_state_kernel, state_grid, config.get(spaces.STATE.name), **args)
+        final_state(p, config)

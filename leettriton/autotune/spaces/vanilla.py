@@ -1,4 +1,4 @@
-"""Configs of the vanilla (tiled quadratic) kernel and its final-state kernel."""
+"""Configs of the vanilla (tiled quadratic) kernel."""
 from __future__ import annotations
 
 from ..configs import KernelSpace
@@ -31,27 +31,4 @@ FWD = KernelSpace(
     cpu=dict(BT=32, BK=32, BV=32, num_warps=4, num_stages=1),
     smem=_fwd_smem,
     fits=_fwd_fits,
-)
-
-
-def _state_smem(cfg, args) -> int:
-    return cfg["num_stages"] * cfg["BT"] * (cfg["BK"] + cfg["BV"]) * elem_bytes(args)
-
-
-def _state_fits(cfg, args) -> bool:
-    if cfg["BK"] > pow2(args["R"]) or cfg["BV"] > pow2(args["D"]):
-        return False
-    return regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"]) <= 128
-
-
-STATE = KernelSpace(
-    name="vanilla.state",
-    axes={
-        "default": dict(BT=[64], BK=[64, 128], BV=[64], num_warps=[4], num_stages=[2]),
-        "h100": dict(BT=[64], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
-        "h200": dict(BT=[64], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
-    },
-    cpu=dict(BT=32, BK=32, BV=32, num_warps=4, num_stages=1),
-    smem=_state_smem,
-    fits=_state_fits,
 )

@@ -1,0 +1,150 @@
+"""Sequence-segment states, shared by every method that splits the sequence.
+
+A sequence cut into segments of L rows can be processed segment-parallel once
+each segment's *start* state is known.  Two kernels give those states:
+
+1. ``_segment_state_kernel`` — every segment's local end state, from a zero
+   start, in parallel over (batch·head, segment, r-tile, d-tile):
+       S_loc[s] = Σ_{j in s} γ^(e_s − 1 − j) c_jᵀ v_j        (e_s = the segment's end)
+2. ``_segment_scan_kernel`` — a short sequential scan over the segments per
+   (batch·head, tile), in place:
+       start[0] = S₀,   start[s+1] = γ^(len_s) start[s] + S_loc[s]
+   and the final state start[NS] when the caller wants it.
+
+With one segment the first kernel writes the final state directly
+(γ^n S₀ + S_loc), which is how methods without a state of their own (vanilla)
+produce it.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..api import Problem
+from ..autotune import autotune, launch
+from ..autotune.spaces import segments as spaces
+from ._common import decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+
+_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
+
+
+@autotune(spaces.STATE, key=_KEY)
+@triton.jit(do_not_specialize=["N", "SEG"])
+def _segment_state_kernel(
+    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
+    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
+    H, N, R, D,
+    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ws_ptr, SEG, NS,
+    DIRECT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_k = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_bhs = tl.program_id(2)
+    i_bh = i_bhs // NS
+    i_s = i_bhs % NS
+    i_b = i_bh // H
+    i_h = i_bh % H
+    c_ptr += i_b * stride_cb + i_h * stride_ch
+    v_ptr += i_b * stride_vb + i_h * stride_vh
+    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+
+    t_start = i_s * SEG
+    t_end = tl.minimum(t_start + SEG, N)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    acc = tl.zeros([BK, BV], dtype=tl.float32)
+    for t0 in range(t_start, t_end, BT):
+        o_t = t0 + tl.arange(0, BT)
+        b_c = load_tile(c_ptr, o_t, o_k, stride_cn, stride_ck, t_end, R)
+        b_v = load_tile(v_ptr, o_t, o_v, stride_vn, stride_vd, t_end, D)
+        # γ^(e−1−j) ≤ 1 for rows inside the segment; rows past its end load as zero
+        col_decay = decay(lam, tl.maximum(t_end - 1 - o_t, 0), HAS_DECAY)
+        b_c = (b_c * col_decay[:, None]).to(b_v.dtype)
+        acc += mma(tl.trans(b_c), b_v, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+
+    if DIRECT:
+        # one segment: the final state itself
+        if HAS_INITIAL:
+            s0_ptr += i_b * stride_s0b + i_h * stride_s0h
+            acc += load_tile(s0_ptr, o_k, o_v, stride_s0k, stride_s0d, R, D) * decay(lam, N, HAS_DECAY)
+        st_ptr += i_b * stride_stb + i_h * stride_sth
+        store_tile(st_ptr, acc, o_k, o_v, stride_stk, stride_std, R, D)
+    else:
+        ws_ptr += i_bhs.to(tl.int64) * R * D
+        store_tile(ws_ptr, acc, o_k, o_v, D, 1, R, D)
+
+
+@autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE"])
+@triton.jit(do_not_specialize=["N", "SEG", "NS"])
+def _segment_scan_kernel(
+    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
+    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
+    H, N, R, D,
+    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ws_ptr, SEG, NS,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_k = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k[:, None] < R) & (o_v[None, :] < D)
+    p_ws = ws_ptr + i_bh.to(tl.int64) * NS * R * D + o_k[:, None] * D + o_v[None, :]
+
+    if HAS_INITIAL:
+        s0_ptr += i_b * stride_s0b + i_h * stride_s0h
+        b_s = load_tile(s0_ptr, o_k, o_v, stride_s0k, stride_s0d, R, D)
+    else:
+        b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    seg_decay = decay(lam, SEG, HAS_DECAY)
+    for i_s in range(0, NS):
+        b_local = tl.load(p_ws, mask=m_kv, other=0.0)
+        tl.store(p_ws, b_s, mask=m_kv)  # the segment's start state replaces its local state
+        seg_len = tl.minimum(SEG, N - i_s * SEG)
+        step = tl.where(seg_len == SEG, seg_decay, decay(lam, seg_len, HAS_DECAY))
+        b_s = b_s * step + b_local
+        p_ws += R * D
+    if STORE_STATE:
+        st_ptr += i_b * stride_stb + i_h * stride_sth
+        store_tile(st_ptr, b_s, o_k, o_v, stride_stk, stride_std, R, D)
+
+
+def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
+    """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
+    B, H, n, r, d = p.shape
+    args = problem_args(p)
+    grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
+    launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **args,
+           ws_ptr=p.out, SEG=n, NS=1, DIRECT=True)
+
+
+def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = None) -> torch.Tensor:
+    """Start state of every segment of ``seg_len`` rows, and the final state into ``p.state``.
+
+    Returns a float32 workspace of shape ``(B, H, NS, r, d)`` (contiguous) with
+    NS = ceil(n / seg_len); entry s is the state before row s·seg_len
+    (entry 0 is the initial state, or zero).
+    """
+    B, H, n, r, d = p.shape
+    ns = triton.cdiv(n, seg_len)
+    ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
+    args = problem_args(p)
+    config = config or {}
+    grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H * ns)  # noqa: E731
+    launch(_segment_state_kernel, grid, config.get(spaces.STATE.name), **args,
+           ws_ptr=ws, SEG=seg_len, NS=ns, DIRECT=False)
+    scan_grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
+    launch(_segment_scan_kernel, scan_grid, config.get(spaces.SCAN.name), **args, ws_ptr=ws, SEG=seg_len, NS=ns)
+    return ws

@@ -17,6 +17,7 @@ every config explicitly instead.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -27,7 +28,8 @@ import triton
 
 from .families import FAMILIES, Family, current_family, is_interpreting
 
-__all__ = ["KernelSpace", "autotune", "launch", "chosen_config", "KERNELS", "config_dict", "autotune_enabled"]
+__all__ = ["KernelSpace", "autotune", "launch", "chosen_config", "KERNELS", "config_dict", "autotune_enabled",
+           "recording"]
 
 ConfigDict = Mapping[str, int]
 
@@ -162,12 +164,30 @@ def autotune(space: KernelSpace, key: Sequence[str], **kwargs):
     return decorate
 
 
+_launch_log = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect ``(kernel, args)`` for every launch made inside the block (they still run)."""
+    log: list[tuple[Any, dict]] = []
+    previous = getattr(_launch_log, "log", None)
+    _launch_log.log = log
+    try:
+        yield log
+    finally:
+        _launch_log.log = previous
+
+
 def launch(kernel, grid, config: ConfigDict | None, **args):
     """Launch an autotuned ``kernel``: by its autotuner, or directly with ``config``.
 
     ``config`` (a dict such as a heuristic file holds) bypasses autotuning:
     the call costs one compile and no benchmarking.
     """
+    log = getattr(_launch_log, "log", None)
+    if log is not None:
+        log.append((kernel, args))
     if config is None:
         return kernel[grid](**args)
     meta = dict(config)

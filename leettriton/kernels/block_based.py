@@ -1,10 +1,43 @@
-"""block_based: not yet available as a Triton kernel."""
+"""block_based: segment-parallel chunk walk, for when batch·heads alone cannot fill the GPU.
+
+The sequence is cut into segments of L rows (L from the family's rule in
+autotune/spaces/block_based.py, so that programs ≈ a small multiple of the
+multiprocessors).  Then:
+
+1. ``segment_start_states`` (kernels/_segments.py): every segment's local state
+   Σ_j γ^(e−1−j) c_jᵀ v_j in parallel, and a short scan over the segments that
+   turns them into start states (segment 0 starts from the initial state) and
+   writes the final state;
+2. the lightning_attention chunk walk (kernels/lightning_attention.py), one
+   program per (value tile, segment, batch·head), each starting from its
+   segment's state: intra-chunk masked decayed products on tensor cores,
+   inter-chunk through the float32 state in registers.
+
+Memory traffic: b once, c and v twice (the state pass reads them too), o once,
+plus the float32 workspace of NS · r · d per batch·head.  When one segment
+suffices (many batch·heads, or a short sequence) it is the lightning walk alone.
+"""
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
 from ..api import Problem
+from ..autotune import current_family
+from ..autotune.spaces import block_based as spaces
+from ._segments import segment_start_states
+from .lightning_attention import chunk_walk_kernel, launch_chunk_walk
+
+_block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
 
 
 def block_based_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    raise NotImplementedError("the 'block_based' Triton kernel is not implemented yet; use method='block_based_torch'")
+    """Launch the segment states and the segment-parallel chunk walk for ``p``
+    (``config``: per-kernel configs, or None to autotune)."""
+    B, H, n, r, d = p.shape
+    walk_config = (config or {}).get(spaces.FWD.name)
+    seg_len = spaces.segment_length(B * H, n, d, current_family(p.v.device), walk_config)
+    if seg_len >= n:
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config)
+        return
+    ws = segment_start_states(p, seg_len, config)
+    launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len)

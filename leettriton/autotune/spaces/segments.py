@@ -24,7 +24,7 @@ STATE = KernelSpace(
         "h100": dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4, 8], num_stages=[2, 3]),
         "h200": dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4, 8], num_stages=[2, 3]),
     },
-    cpu=dict(BT=32, BK=32, BV=32, num_warps=4, num_stages=1),
+    cpu=dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=1),
     smem=_state_smem,
     fits=_state_fits,
 )
@@ -41,7 +41,7 @@ SCAN = KernelSpace(
         "h100": dict(BK=[16, 32, 64], BV=[64, 128], num_warps=[4], num_stages=[1]),
         "h200": dict(BK=[16, 32, 64], BV=[64, 128], num_warps=[4], num_stages=[1]),
     },
-    cpu=dict(BK=32, BV=32, num_warps=4, num_stages=1),
+    cpu=dict(BK=64, BV=64, num_warps=4, num_stages=1),
     smem=lambda cfg, args: 0,
     fits=_scan_fits,
 )

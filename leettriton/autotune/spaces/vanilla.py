@@ -28,7 +28,7 @@ FWD = KernelSpace(
         "h100": dict(BT=[64, 128], BK=[64], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
         "h200": dict(BT=[64, 128], BK=[64], BV=[64, 128], num_warps=[4, 8], num_stages=[2, 3]),
     },
-    cpu=dict(BT=32, BK=32, BV=32, num_warps=4, num_stages=1),
+    cpu=dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=1),
     smem=_fwd_smem,
     fits=_fwd_fits,
 )

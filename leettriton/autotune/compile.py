@@ -1,0 +1,191 @@
+"""Compile kernels for a GPU target without a GPU, and report their resources.
+
+Triton's wheel carries LLVM and ptxas, so a kernel can be compiled to a cubin
+for sm_90 (or sm_80, sm_86, sm_89) on any machine: that catches code the
+interpreter accepts but the compiler rejects, and reports shared memory,
+registers and spills per config before a GPU is ever used.
+
+    python -m leettriton.autotune.compile             # every method, sm_90, fp16, r = d = 128
+    python -m leettriton.autotune.compile --arch 86 --dtype float32 --methods vanilla --r 64 --d 64
+
+It must run without ``TRITON_INTERPRET`` (interpreted kernels cannot be compiled).
+A config that fails to compile, or needs more shared memory than its family
+has, makes the command exit with status 1.
+
+The shapes are taken from a real launch recorded on the CPU (tensors' dtypes,
+strides' divisibility), so the compiled signature is the one the GPU would see.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import leettriton
+from leettriton.autotune import KERNELS
+from leettriton.autotune.families import FAMILIES
+
+
+
+def _signature(fn, args: dict):
+    sig, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        value = args[name]
+        if fn.params[i].is_constexpr:
+            sig[name] = "constexpr"
+            constexprs[name] = value
+        elif isinstance(value, torch.Tensor):
+            sig[name] = "*" + {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            sig[name] = "i1"
+        elif isinstance(value, int) and value == 1 and not fn.params[i].do_not_specialize:
+            sig[name] = "constexpr"  # Triton specialises integer arguments equal to 1
+            constexprs[name] = 1
+        elif isinstance(value, int):
+            sig[name] = "i32"
+            if value % 16 == 0 and not fn.params[i].do_not_specialize and value != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        else:
+            raise TypeError(f"cannot type argument {name}={value!r}")
+    return sig, constexprs, attrs
+
+
+_CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resource_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers, stack bytes) of a cubin, from ``cuobjdump --dump-resource-usage``.
+
+    A non-zero stack means registers spilled to local memory.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        res = subprocess.run([_CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True,
+                             check=True)
+    regs = int(re.search(r"REG:(\d+)", res.stdout).group(1))
+    stack = int(re.search(r"STACK:(\d+)", res.stdout).group(1))
+    return regs, stack
+
+
+def compile_kernel(kernel, args: dict, config: dict, arch: int = 90):
+    """Compile ``kernel`` (an autotuned leettriton kernel) for sm_``arch`` with ``config``.
+
+    Returns a dict with shared memory bytes, registers and spill bytes.
+    """
+    fn = kernel.fn
+    meta = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+    sig, constexprs, attrs = _signature(fn, {**args, **meta})
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=config.get("num_warps", 4),
+                                           num_stages=config.get("num_stages", 2)))
+    regs, spill = resource_usage(compiled.asm["cubin"])
+    return {"shared": compiled.metadata.shared, "regs": regs, "spill": spill}
+
+
+class _Recorder:
+    """Stands in for kernel launches: records each kernel's named arguments instead of running it."""
+
+    def __init__(self):
+        self.calls: list[tuple[object, dict]] = []
+        self._saved = {}
+
+    def __enter__(self):
+        for kernel in set(KERNELS.values()):
+            self._saved[kernel] = kernel.run
+            kernel.run = self._make(kernel)
+            self._saved[(kernel, "fn")] = kernel.fn.run
+            kernel.fn.run = self._make(kernel)
+        return self
+
+    def _make(self, kernel):
+        def run(*args, grid=None, warmup=False, **kwargs):
+            named = dict(zip(kernel.fn.arg_names, args))
+            named.update({k: v for k, v in kwargs.items() if k in kernel.fn.arg_names})
+            self.calls.append((kernel, named))
+        return run
+
+    def __exit__(self, *exc):
+        for kernel in set(KERNELS.values()):
+            kernel.run = self._saved[kernel]
+            kernel.fn.run = self._saved[(kernel, "fn")]
+
+
+def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=128, decay=True,
+                    initial=True, state=True):
+    """The (kernel, named arguments) pairs that ``method`` launches for one CPU problem."""
+    from leettriton.api import make_problem, run_problem
+
+    g = torch.Generator().manual_seed(0)
+    b, c = (torch.randn(B, H, n, r, generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(B, H, n, d, generator=g).to(dtype)
+    s0 = torch.randn(B, H, r, d, generator=g) if initial else None
+    p, _ = make_problem(b, c, v, 0.9 if decay else None, initial_state=s0, return_state=state)
+    with _Recorder() as rec:
+        from leettriton.methods import TRITON_IMPLS
+        TRITON_IMPLS[method](p, None)
+    return rec.calls
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability as 80, 86, 89, 90")
+    ap.add_argument("--family", default=None, help="config list to check (default: from --arch)")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--methods", default=",".join(leettriton.api.BUILTIN_METHODS))
+    ap.add_argument("--r", type=int, default=128)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--first", action="store_true", help="only each kernel's first fitting config")
+    opts = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        ap.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
+    family = FAMILIES[opts.family or {80: "a100", 86: "a6000", 89: "ada", 90: "h100"}[opts.arch]]
+    dtype = getattr(torch, opts.dtype)
+    failures = 0
+    for method in opts.methods.split(","):
+        try:
+            calls = record_launches(method, dtype, r=opts.r, d=opts.d)
+        except NotImplementedError as e:
+            print(f"{method}: skipped ({e})")
+            continue
+        seen = set()
+        for kernel, args in calls:
+            if kernel.space.name in seen:
+                continue
+            seen.add(kernel.space.name)
+            configs = kernel.space.usable(family, args)
+            if opts.first:
+                configs = configs[:1]
+            print(f"{method} / {kernel.space.name}: {len(configs)} configs for {family.name}")
+            for cfg in configs:
+                try:
+                    rep = compile_kernel(kernel, args, cfg, opts.arch)
+                except Exception as e:  # report every failing config, keep going
+                    failures += 1
+                    print(f"  FAIL {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    continue
+                est = kernel.space.smem(cfg, args)
+                flag = " SPILL" if rep["spill"] else ""
+                if rep["shared"] > family.smem_per_block:
+                    flag += " OVER-SMEM"
+                    failures += 1
+                print(f"  {cfg}: shared {rep['shared']} B (estimate {est}), regs {rep['regs']}, "
+                      f"stack {rep['spill']} B{flag}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Plumbing shared by the perf scripts: arguments, the result folder, the report files.
+
+Every script writes ``perf/results/<gpu>/<name>.json`` and ``<name>.md`` (``<name>.quick.*``
+for ``--quick`` runs, so a quick run never overwrites a full one), each with the exact
+command, the device, versions, git SHA and date, and prints a short table of its targets
+last.  The measuring itself (timing, memory floor, oracle, peers) is
+:mod:`leettriton.bench`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+from leettriton import bench
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every perf script has (``--quick``, ``--out``, ...)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="a short run (on CPU: tiny shapes, PyTorch paths)")
+    p.add_argument("--out", metavar="DIR", help="result folder (default perf/results/<gpu>)")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time in ms (default 100, quick 50)")
+    p.add_argument("--budget-s", type=float, default=2.0, help="a cell slower than this is timed once and the "
+                   "larger shapes of that method are skipped (default 2 s)")
+    return p
+
+
+def fmt_ms(ms: Optional[float]) -> str:
+    """Milliseconds with 3-4 significant digits, or a dash."""
+    if ms is None:
+        return "—"
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 1:
+        return f"{ms:.2f}"
+    if ms >= 0.01:
+        return f"{ms:.3f}"
+    return f"{ms:.4f}"
+
+
+def fmt_err(e: Optional[float]) -> str:
+    if e is None:
+        return "—"
+    return "NaN/inf" if e != e else f"{e:.1e}"
+
+
+def cell(row: Optional[dict]) -> str:
+    """A table cell for a result row: the median ms, or the status (n/a, OOM, skipped, error)."""
+    if row is None:
+        return ""
+    if row.get("median_ms") is None:
+        return {"n/a": "n/a", "OOM": "OOM", "skipped": "skip", "error": "ERR"}.get(row["status"], row["status"])
+    txt = fmt_ms(row["median_ms"])
+    return txt + " WRONG" if row["status"] == "WRONG" else txt
+
+
+def verdict(passed: Optional[bool]) -> str:
+    return "n/a" if passed is None else ("PASS" if passed else "FAIL")
+
+
+class Report:
+    """Sections of Markdown, the raw rows and the targets of one script's run.
+
+    Args:
+        name: the script's name (the result files' stem).
+        title: the Markdown title.
+        argv: the script's arguments, recorded with the command.
+        device: the device measured.
+    """
+
+    def __init__(self, name: str, title: str, argv: Sequence[str], device, quick: bool):
+        self.name = name + (".quick" if quick else "")
+        self.title = title
+        self.device = device
+        self.meta = bench.environment(device)
+        self.meta["command"] = " ".join(["python", f"perf/{name}.py", *map(shlex.quote, argv)])
+        self.bandwidth = bench.copy_bandwidth(device)
+        self.meta["copy_bandwidth_gbs"] = round(self.bandwidth / 1e9, 1)
+        self.notes: list[str] = []
+        self.meta["notes"] = self.notes
+        self.sections: list[str] = []
+        self.rows: list[dict] = []
+        self.targets: list[list] = []
+        print(f"{self.meta['device']}  copy bandwidth {self.bandwidth / 1e9:.1f} GB/s  torch {self.meta['torch']}  "
+              f"triton {self.meta['triton']}  git {str(self.meta['git_sha'])[:10]}", flush=True)
+        if torch.device(device).type != "cuda":
+            self.note("No CUDA device: the GPU-only parts are skipped, the rest runs the PyTorch paths on tiny "
+                      "shapes (a check of the script's logic, not a measurement).")
+
+    def note(self, text: str) -> None:
+        """A line for the report's header (also printed now)."""
+        self.notes.append(text)
+        print(f"note: {text}", flush=True)
+
+    def section(self, title: str, headers: Sequence, body: Sequence[Sequence], text: str = "") -> None:
+        """A titled Markdown table (printed now) with optional text under it."""
+        md = f"## {title}\n\n{bench.markdown_table(list(headers), [list(map(str, r)) for r in body])}\n"
+        if text:
+            md += f"\n{text}\n"
+        self.sections.append(md)
+        print("\n" + md, flush=True)
+
+    def target(self, what: str, measured: str, goal: str, passed: Optional[bool]) -> None:
+        """One line of the closing summary: a target, what was measured, PASS / FAIL / n/a."""
+        self.targets.append([what, measured, goal, verdict(passed)])
+
+    def finish(self, out: Optional[str]) -> tuple[str, str]:
+        """Write ``<out>/<name>.json`` and ``.md`` and print the targets table last."""
+        out = out or os.path.join(RESULTS, self.meta["device_slug"])
+        summary = bench.markdown_table(["target", "measured", "goal", "verdict"], self.targets) if self.targets else \
+            "(no targets)"
+        body = "\n".join(self.sections) + f"\n## Targets\n\n{summary}\n"
+        jpath, mpath = bench.write_results(self.rows, dict(self.meta, targets=self.targets), os.path.join(out, self.name),
+                                           title=self.title, body=body)
+        print(f"\nwrote {jpath} and {mpath}\n", flush=True)
+        print(summary, flush=True)
+        return jpath, mpath
+
+
+def find(rows: Sequence[dict], **keys) -> Optional[dict]:
+    """The first row whose fields equal ``keys``."""
+    for row in rows:
+        if all(row.get(k) == v for k, v in keys.items()):
+            return row
+    return None
+
+
+def device_of(args) -> torch.device:
+    return torch.device(args.device) if args.device else bench.default_device()
+
+
+def cli_argv(argv: Optional[Sequence[str]]) -> list[str]:
+    return list(argv) if argv is not None else sys.argv[1:]

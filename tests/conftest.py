@@ -1,0 +1,59 @@
+"""Test setup: the interpreter on CPU-only machines, hypothesis profiles, poisoned outputs.
+
+* Without a GPU, ``TRITON_INTERPRET=1`` is set before leettriton is imported, so
+  the Triton kernels run (slowly) on the CPU; with a GPU they compile for real.
+* ``LEETTRITON_AUTOTUNE=0`` (unless already set): each kernel runs its family's
+  first fitting config instead of tuning every config at every new shape;
+  ``test_configs.py`` runs every config of the family explicitly.
+* Hypothesis profiles: ``ci`` (default without a GPU: few, small examples),
+  ``gpu`` (default with a GPU: more and larger), ``dev``.  Choose one with
+  ``--hypothesis-profile=NAME``.
+* Every output the package allocates is filled with NaN first, so an element a
+  kernel forgets to write fails the comparison.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("LEETTRITON_AUTOTUNE", "0")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+import leettriton  # noqa: E402
+import leettriton.api  # noqa: E402
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+settings.register_profile(
+    "ci", max_examples=12, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "gpu", max_examples=60, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "dev", max_examples=40, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if HAS_GPU else "ci"))
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    """Fill every output tensor the package allocates with NaN."""
+    real = leettriton.api._new_empty
+
+    def poisoned(shape, dtype, device):
+        return real(shape, dtype, device).fill_(float("nan"))
+
+    monkeypatch.setattr(leettriton.api, "_new_empty", poisoned)
+    yield
+
+
+@pytest.fixture
+def device():
+    return DEVICE

@@ -1,0 +1,94 @@
+"""Inputs, tolerances and comparison against the oracle, shared by the tests."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TF32_TOLERANCE = 2e-3
+
+
+def tolerance(dtype: torch.dtype, precision: Optional[str] = None) -> float:
+    if dtype == torch.float32 and precision == "tf32":
+        return TF32_TOLERANCE
+    return TOLERANCE[dtype]
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:
+    """‖out − ref‖ / ‖ref‖ ≤ tol, no NaN/inf; on failure report max-abs, relative error, first bad index."""
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    o = out.detach().to(device="cpu", dtype=torch.float64)
+    r = ref.detach().to(device="cpu", dtype=torch.float64)
+    finite = torch.isfinite(o)
+    if not bool(finite.all()):
+        first = tuple(int(i) for i in (~finite).nonzero()[0])
+        raise AssertionError(f"{what}: {int((~finite).sum())} non-finite elements, first at {first}")
+    diff = (o - r).abs()
+    denom = r.norm().item()
+    rel = (o - r).norm().item() / denom if denom > 0 else diff.max().item()
+    if rel > tol:
+        scale = r.abs().max().item() or 1.0
+        bad = (diff > tol * scale).nonzero()
+        first = tuple(int(i) for i in bad[0]) if len(bad) else None
+        raise AssertionError(f"{what}: relative error {rel:.3e} > {tol:.1e}; max-abs {diff.max().item():.3e} "
+                             f"(reference max-abs {scale:.3e}); first bad index {first}")
+
+
+@dataclass
+class Case:
+    """One problem: shapes, dtype, layout and options."""
+
+    B: int
+    H: int
+    n: int
+    r: int
+    d: int
+    dtype: torch.dtype = torch.float32
+    layout: str = "bhnd"
+    gamma: object = None          # None, float, or "tensor" (per-head values drawn from gammas)
+    gammas: tuple = ()
+    initial: bool = False
+    return_state: bool = False
+    noncontiguous: bool = False
+    seed: int = 0
+
+    def tensors(self, device):
+        g = torch.Generator().manual_seed(self.seed)
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g)
+
+        def arrange(x):  # logical (B, H, n, dim) -> the case's layout, possibly non-contiguous
+            if self.noncontiguous:
+                # a strided slice of a wider tensor: every stride differs from the contiguous one
+                wide = torch.zeros(x.shape[:-1] + (2 * x.shape[-1] + 1,))
+                wide[..., 1::2] = x
+                x = wide[..., 1::2]
+            if self.layout == "bnhd":
+                x = x.transpose(1, 2)
+                if not self.noncontiguous:
+                    x = x.contiguous()
+            return x.to(device=device, dtype=self.dtype)
+
+        b = arrange(rand(self.B, self.H, self.n, self.r))
+        c = arrange(rand(self.B, self.H, self.n, self.r))
+        v = arrange(rand(self.B, self.H, self.n, self.d))
+        s0 = rand(self.B, self.H, self.r, self.d).to(device) if self.initial else None
+        if self.gamma == "tensor":
+            gamma = torch.tensor(self.gammas, dtype=torch.float32, device=device)
+        else:
+            gamma = self.gamma
+        return b, c, v, gamma, s0
+
+    @property
+    def id(self) -> str:
+        g = "tensor" if self.gamma == "tensor" else self.gamma
+        parts = [f"B{self.B}", f"H{self.H}", f"n{self.n}", f"r{self.r}", f"d{self.d}",
+                 str(self.dtype).replace("torch.", ""), self.layout, f"g{g}"]
+        if self.initial:
+            parts.append("s0")
+        if self.noncontiguous:
+            parts.append("strided")
+        return "-".join(parts)

@@ -1,0 +1,80 @@
+"""Families, config spaces and the autotune wrapper (no GPU needed)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from leettriton.autotune import FAMILIES, KERNELS, autotune_enabled
+from leettriton.autotune.families import family_of_device
+import leettriton.methods  # noqa: F401  (imports every kernel module)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("name,cap,family", [
+    ("NVIDIA H100 80GB HBM3", (9, 0), "h100"), ("NVIDIA H200", (9, 0), "h200"), ("NVIDIA H800", (9, 0), "h100"),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), "a100"), ("NVIDIA RTX A6000", (8, 6), "a6000"),
+    ("NVIDIA GeForce RTX 3090", (8, 6), "a6000"), ("NVIDIA L40S", (8, 9), "ada"),
+])
+def test_family_of_device(name, cap, family):
+    assert family_of_device(name, cap).name == family
+
+
+def test_undeclared_architecture_gets_its_own_family():
+    fam = family_of_device("NVIDIA B200", (10, 0), smem_optin=232448, num_sms=148)
+    assert fam.name == "sm_100" and fam.smem_per_block == 232448 and fam.num_sms == 148
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "cpu"])
+def test_every_kernel_has_configs_for_every_family(family):
+    assert KERNELS, "no kernel registered"
+    for name, kernel in KERNELS.items():
+        configs = kernel.space.family_configs(family)
+        assert configs, f"{name} has no config for {family}"
+        assert len(configs) <= 48, f"{name}: {len(configs)} configs for {family} is too many to tune"
+        for cfg in configs:
+            assert {"num_warps", "num_stages"} <= set(cfg), f"{name}: {cfg} lacks launch options"
+
+
+def test_cpu_family_has_one_config_per_kernel():
+    for name, kernel in KERNELS.items():
+        assert len(kernel.space.family_configs("cpu")) == 1, name
+
+
+def test_pruning_respects_shared_memory():
+    """A family with less shared memory keeps only configs whose estimate fits it."""
+    import torch
+    from leettriton.autotune.families import Family
+
+    kernel = KERNELS["vanilla.fwd"]
+    args = {"R": 128, "D": 128, "v_ptr": torch.empty(1, dtype=torch.float16)}
+    big = kernel.space.usable(FAMILIES["h100"], args)
+    tiny = Family("tiny", (8, 6), 60000, 10, "test")
+    small = kernel.space.usable(tiny, args)
+    assert len(small) < len(big)
+    assert all(kernel.space.smem(c, args) <= 60000 for c in small)
+
+
+def test_autotune_switch(monkeypatch):
+    monkeypatch.setenv("LEETTRITON_AUTOTUNE", "0")
+    assert not autotune_enabled()
+    monkeypatch.setenv("LEETTRITON_AUTOTUNE", "1")
+    assert autotune_enabled()
+
+
+@pytest.mark.parametrize("arch,family", [(90, "h100"), (80, "a100"), (86, "a6000")])
+def test_kernels_compile_for_gpu_targets(arch, family):
+    """Each kernel's first config compiles for the family's GPU target, within its shared memory.
+
+    The interpreter accepts code the compiler rejects; this compiles real cubins
+    on any machine (Triton ships LLVM and ptxas).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    cmd = [sys.executable, "-m", "leettriton.autotune.compile", "--arch", str(arch), "--family", family, "--first"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "FAIL" not in res.stdout and "configs for" in res.stdout

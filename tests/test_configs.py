@@ -1,0 +1,62 @@
+"""Every config of every kernel, for the family of the machine the tests run on.
+
+The property tests run each kernel with its family's first fitting config
+(``LEETTRITON_AUTOTUNE=0``); here each config the autotuner may pick -- and a
+heuristic file may pin -- runs once on an awkward shape, pinned through the
+same path ``method="auto"`` uses, and is checked against the oracle.
+On the CPU the family is the interpreter's, with one config per kernel.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import leettriton
+from leettriton.api import BUILTIN_METHODS, make_problem, run_problem
+from leettriton.autotune import current_family, recording
+from conftest import DEVICE, HAS_GPU
+from helpers import Case, assert_close, tolerance
+
+CASES = [
+    Case(2, 2, 200, 40, 72, dtype=torch.float16, gamma="tensor", gammas=(0.97, 1.0), initial=True,
+         return_state=True, seed=11),
+    Case(1, 2, 333, 130, 129, dtype=torch.float32, layout="bnhd", gamma=0.9, initial=True, return_state=True,
+         seed=12),
+]
+
+
+def kernels_of(method: str, case: Case):
+    """The kernels ``method`` launches for ``case``, with the arguments of each launch."""
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    p, _ = make_problem(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=case.return_state)
+    with recording() as log:
+        run_problem(p, method)
+    seen = {}
+    for kernel, args in log:
+        seen.setdefault(kernel.space.name, (kernel, args))
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+@pytest.mark.parametrize("method", BUILTIN_METHODS)
+def test_every_config(method, case):
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    ref, ref_state = leettriton.reference(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=True)
+    family = current_family()
+    tol = tolerance(case.dtype)
+    launched = kernels_of(method, case)
+    assert launched, f"{method} launched no kernel"
+    count = 0
+    for kernel, args in launched:
+        configs = kernel.space.usable(family, args)
+        assert configs, f"no config of {kernel.space.name} fits {family.name} for {case.id}"
+        for cfg in configs:
+            p, out = make_problem(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=True)
+            run_problem(p, method, {kernel.space.name: cfg})
+            what = f"{method} with {kernel.space.name}={cfg} [{case.id}]"
+            assert_close(out, ref, tol, what + " output")
+            assert_close(p.state, ref_state, tol, what + " state")
+            count += 1
+    assert count >= len(launched)
+    if not HAS_GPU:
+        assert family.name == "cpu" and count == len(launched)

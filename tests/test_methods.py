@@ -1,0 +1,134 @@
+"""Property tests: every registered method against the float64 oracle.
+
+Each property runs for every method in ``leettriton.METHODS`` (the Triton
+kernels -- under the interpreter on a CPU-only machine -- their PyTorch
+versions, and ``auto``), so a method that joins the registry joins these tests
+with no change here.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import leettriton
+from conftest import DEVICE, HAS_GPU
+from helpers import Case, assert_close, tolerance
+
+METHODS = [m for m in leettriton.METHODS]
+MAX_N = 600 if HAS_GPU else 200
+MAX_DIM = 256 if HAS_GPU else 130
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+AWKWARD_N = [0, 1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129]
+AWKWARD_DIM = [1, 3, 16, 17, 31, 33, 64, 100, 128]
+NAMED_GAMMAS = [1.0, 0.999, 0.5, 0.01]
+
+
+@st.composite
+def cases(draw, dtypes=DTYPES, min_n=0, max_n=MAX_N):
+    H = draw(st.integers(1, 3))
+    gamma = draw(st.one_of(st.none(), st.sampled_from(NAMED_GAMMAS), st.floats(0.01, 1.0), st.just("tensor")))
+    gammas = tuple(draw(st.lists(st.one_of(st.sampled_from(NAMED_GAMMAS), st.floats(0.01, 1.0)),
+                                 min_size=H, max_size=H))) if gamma == "tensor" else ()
+    return Case(
+        B=draw(st.integers(1, 2)),
+        H=H,
+        n=draw(st.one_of(st.sampled_from([n for n in AWKWARD_N if min_n <= n <= max_n]),
+                         st.integers(min_n, max_n))),
+        r=draw(st.one_of(st.sampled_from(AWKWARD_DIM), st.integers(1, MAX_DIM))),
+        d=draw(st.one_of(st.sampled_from(AWKWARD_DIM), st.integers(1, MAX_DIM))),
+        dtype=draw(st.sampled_from(dtypes)),
+        layout=draw(st.sampled_from(["bhnd", "bnhd"])),
+        gamma=gamma,
+        gammas=gammas,
+        initial=draw(st.booleans()),
+        return_state=draw(st.booleans()),
+        noncontiguous=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def check_against_oracle(method: str, case: Case, precision=None) -> None:
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    tol = tolerance(case.dtype, precision)
+    result = leettriton.linear_attention(b, c, v, gamma, method=method, layout=case.layout, initial_state=s0,
+                                         return_state=case.return_state, precision=precision)
+    ref = leettriton.reference(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=True)
+    out = result[0] if case.return_state else result
+    assert out.dtype == v.dtype and out.shape == v.shape
+    assert_close(out, ref[0], tol, f"{method} output [{case.id}]")
+    if case.return_state:
+        state = result[1]
+        assert state.dtype == torch.float32 and state.shape == (case.B, case.H, case.r, case.d)
+        assert_close(state, ref[1], tol, f"{method} final state [{case.id}]")
+
+
+@pytest.mark.parametrize("method", METHODS)
+@given(case=cases(), tf32=st.booleans())
+def test_matches_oracle(method, case, tf32):
+    precision = "tf32" if (tf32 and case.dtype == torch.float32) else None
+    check_against_oracle(method, case, precision)
+
+
+NAMED = [
+    Case(1, 1, 1, 1, 1, gamma=0.5),
+    Case(1, 2, 65, 17, 33, gamma=0.999, initial=True, return_state=True),
+    Case(2, 1, 129, 3, 100, dtype=torch.float16, layout="bnhd", gamma=0.01),
+    Case(1, 2, 100, 130, 7, dtype=torch.bfloat16, gamma="tensor", gammas=(1.0, 0.9), initial=True,
+         return_state=True),
+    Case(1, 1, 40, 256, 256, gamma=0.9, initial=True, return_state=True),
+    Case(2, 3, 64, 64, 64, dtype=torch.float16, noncontiguous=True, layout="bnhd", gamma=1.0, return_state=True),
+    Case(1, 2, 300, 32, 48, dtype=torch.float16, gamma=None, initial=True, return_state=True),
+    Case(1, 1, 0, 8, 8, gamma=0.9, initial=True, return_state=True),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in NAMED])
+@pytest.mark.parametrize("method", METHODS)
+def test_named_cases(method, case):
+    check_against_oracle(method, case)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@given(case=cases(min_n=2), data=st.data())
+def test_two_pieces_equal_one(method, case, data):
+    """Running n rows in two pieces, chaining the state, gives the one-piece output and state."""
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    split = data.draw(st.integers(1, case.n - 1), label="split")
+    axis = 2 if case.layout == "bhnd" else 1  # the sequence axis
+    first, second = zip(*((x.narrow(axis, 0, split), x.narrow(axis, split, case.n - split)) for x in (b, c, v)))
+    kw = dict(method=method, layout=case.layout)
+    whole, state = leettriton.linear_attention(b, c, v, gamma, initial_state=s0, return_state=True, **kw)
+    o1, s1 = leettriton.linear_attention(first[0], first[1], first[2], gamma, initial_state=s0, return_state=True,
+                                         **kw)
+    o2, s2 = leettriton.linear_attention(second[0], second[1], second[2], gamma, initial_state=s1,
+                                         return_state=True, **kw)
+    tol = tolerance(case.dtype)
+    assert_close(torch.cat([o1, o2], dim=axis), whole, tol, f"{method} two pieces vs one [{case.id}]")
+    assert_close(s2, state, tol, f"{method} chained state [{case.id}]")
+
+
+@pytest.mark.parametrize("method", METHODS)
+@given(case=cases(dtypes=[torch.float32], min_n=1), alpha=st.floats(-3.0, 3.0))
+def test_linear_in_v(method, case, alpha):
+    """o(b, c, v1 + α v2) = o(b, c, v1) + α o(b, c, v2) (no initial state)."""
+    b, c, v, gamma, _ = case.tensors(DEVICE)
+    v2 = torch.randn(v.shape, generator=torch.Generator().manual_seed(case.seed + 1)).to(v.device)
+    kw = dict(method=method, layout=case.layout)
+    lhs = leettriton.linear_attention(b, c, v + alpha * v2, gamma, **kw)
+    rhs = leettriton.linear_attention(b, c, v, gamma, **kw) + alpha * leettriton.linear_attention(b, c, v2, gamma,
+                                                                                                  **kw)
+    assert_close(lhs, rhs, tolerance(torch.float32), f"{method} linearity in v [{case.id}]")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_methods_agree(method):
+    """Fast methods are also checked against each other (fp32, one mid-size problem)."""
+    case = Case(2, 2, 257, 40, 72, gamma="tensor", gammas=(0.97, 1.0), initial=True, return_state=True, seed=7)
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    o, s = leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0, return_state=True)
+    o_ref, s_ref = leettriton.linear_attention(b, c, v, gamma, method="vanilla_torch", initial_state=s0,
+                                               return_state=True)
+    assert_close(o, o_ref, 2e-5, f"{method} vs vanilla_torch output")
+    assert_close(s, s_ref, 2e-5, f"{method} vs vanilla_torch state")

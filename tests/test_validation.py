@@ -1,0 +1,233 @@
+"""Bad input: a clear exception naming the argument, before any kernel runs (DESIGN §2)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import leettriton
+from conftest import DEVICE
+
+
+def inputs(B=1, H=2, n=8, r=4, d=5, dtype=torch.float32, device=DEVICE):
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(B, H, n, k, generator=g).to(device=device, dtype=dtype) for k in (r, r, d))
+
+
+def call(**over):
+    b, c, v = inputs()
+    args = dict(b=b, c=c, v=v, gamma=0.9)
+    args.update(over)
+    return leettriton.linear_attention(args.pop("b"), args.pop("c"), args.pop("v"), args.pop("gamma"), **args)
+
+
+@pytest.mark.parametrize("name", ["b", "c", "v"])
+def test_not_a_tensor(name):
+    with pytest.raises(TypeError, match=f"{name} must be a torch.Tensor, got list"):
+        call(**{name: [[1.0]]})
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float64, torch.complex64, torch.bool])
+def test_bad_dtype(dtype):
+    b, c, v = inputs()
+    with pytest.raises(TypeError, match=f"b must be float16, bfloat16 or float32, got dtype {dtype}"):
+        call(b=b.to(dtype))
+
+
+def test_mismatched_dtypes():
+    b, c, v = inputs()
+    with pytest.raises(TypeError, match="b, c and v must share one dtype, got torch.float32, torch.float16"):
+        call(c=c.half())
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 4), (1, 1, 2, 8, 4)])
+def test_wrong_rank(shape):
+    with pytest.raises(ValueError, match=r"b must be 4-D \(batch, heads, n, dim\) for layout 'bhnd', got shape"):
+        call(b=torch.randn(*shape, device=DEVICE))
+
+
+def test_wrong_rank_message_names_layout():
+    with pytest.raises(ValueError, match=r"v must be 4-D \(batch, n, heads, dim\) for layout 'bnhd'"):
+        b, c, v = inputs()
+        call(b=b.transpose(1, 2), c=c.transpose(1, 2), v=v[0], layout="bnhd")
+
+
+@pytest.mark.parametrize("which,shape", [("c", (1, 2, 8, 3)), ("c", (1, 3, 8, 4)), ("c", (2, 2, 8, 4))])
+def test_c_shape_mismatch(which, shape):
+    with pytest.raises(ValueError, match=r"c must have the shape of b \(1, 2, 8, 4\), got"):
+        call(c=torch.randn(*shape, device=DEVICE))
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 9, 5), (1, 3, 8, 5), (2, 2, 8, 5)])
+def test_v_shape_mismatch(shape):
+    with pytest.raises(ValueError, match="v must match b in batch, heads and n"):
+        call(v=torch.randn(*shape, device=DEVICE))
+
+
+def test_mismatched_devices_meta():
+    b, c, v = inputs()
+    with pytest.raises(ValueError, match="b, c and v must be on one device, got"):
+        call(v=torch.empty(v.shape, device="meta"))
+
+
+@pytest.mark.parametrize("r,d,what", [(257, 8, "r"), (8, 300, "d")])
+def test_dims_over_limit(r, d, what):
+    b, c, v = inputs(r=r, d=d)
+    with pytest.raises(NotImplementedError, match=f"{what} .* exceeds the supported maximum of 256"):
+        call(b=b, c=c, v=v)
+
+
+def test_zero_dim():
+    b, c, v = inputs(r=0)
+    with pytest.raises(ValueError, match="r .* must be at least 1, got 0"):
+        call(b=b, c=c, v=v)
+
+
+@pytest.mark.parametrize("gamma", [0.0, -0.5, 1.5, math.nan, math.inf])
+def test_gamma_float_out_of_range(gamma):
+    with pytest.raises(ValueError, match=r"gamma must lie in \(0, 1\], got"):
+        call(gamma=gamma)
+
+
+@pytest.mark.parametrize("values,what", [([0.9, 0.0], "≤ 0"), ([1.01, 0.5], "> 1"), ([math.nan, 0.5], "NaN"),
+                                         ([-1.0, 0.5], "≤ 0")])
+def test_gamma_tensor_out_of_range(values, what):
+    with pytest.raises(ValueError, match=f"gamma must hold values in \\(0, 1\\], got a value {what}"):
+        call(gamma=torch.tensor(values, device=DEVICE))
+
+
+@pytest.mark.parametrize("shape", [(3,), (1, 2), (2, 2), (2, 1, 1), ()])
+def test_gamma_tensor_wrong_shape(shape):
+    with pytest.raises(ValueError, match=r"gamma must have shape \(2,\) or \(2, 1\) \(one γ per head\), got shape"):
+        call(gamma=torch.full(shape, 0.9, device=DEVICE))
+
+
+def test_gamma_tensor_integer():
+    with pytest.raises(TypeError, match="gamma must be a floating-point tensor, got dtype torch.int64"):
+        call(gamma=torch.ones(2, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.parametrize("gamma", ["0.9", [0.9, 0.9], True])
+def test_gamma_wrong_type(gamma):
+    with pytest.raises(TypeError, match="gamma must be None, a float or a tensor of shape"):
+        call(gamma=gamma)
+
+
+def test_gamma_wrong_device():
+    with pytest.raises(ValueError, match="gamma must be on the inputs' device"):
+        call(gamma=torch.full((2,), 0.9, device="meta"))
+
+
+def test_gamma_tensor_checked_again_after_in_place_change():
+    gamma = torch.full((2,), 0.9, device=DEVICE)
+    call(gamma=gamma)
+    gamma[0] = 2.0  # bumps the tensor's version: the cached check must not hide this
+    with pytest.raises(ValueError, match="gamma must hold values in"):
+        call(gamma=gamma)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 5, 4), (1, 2, 4), (2, 2, 4, 5)])
+def test_state_wrong_shape(shape):
+    with pytest.raises(ValueError, match=r"initial_state must have shape \(batch, heads, r, d\) = \(1, 2, 4, 5\)"):
+        call(initial_state=torch.zeros(shape, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.bfloat16])
+def test_state_wrong_dtype(dtype):
+    with pytest.raises(TypeError, match=f"initial_state must be float32, got dtype {dtype}"):
+        call(initial_state=torch.zeros(1, 2, 4, 5, dtype=dtype, device=DEVICE))
+
+
+def test_state_not_a_tensor():
+    with pytest.raises(TypeError, match="initial_state must be None or a torch.Tensor, got list"):
+        call(initial_state=[0.0])
+
+
+def test_state_wrong_device():
+    with pytest.raises(ValueError, match="initial_state must be on the inputs' device"):
+        call(initial_state=torch.zeros(1, 2, 4, 5, device="meta"))
+
+
+@pytest.mark.parametrize("method", ["nope", "Lightning", ""])
+def test_unknown_method(method):
+    with pytest.raises(ValueError, match=f"unknown method '{method}'; registered methods: vanilla"):
+        call(method=method)
+
+
+def test_method_not_a_string():
+    with pytest.raises(TypeError, match="method must be a str, got"):
+        call(method=3)
+
+
+@pytest.mark.parametrize("layout", ["nhd", "BHND", None])
+def test_unknown_layout(layout):
+    with pytest.raises(ValueError, match="layout must be 'bhnd' or 'bnhd', got"):
+        call(layout=layout)
+
+
+def test_unknown_precision():
+    with pytest.raises(ValueError, match="precision must be None, 'ieee' or 'tf32', got 'fp16'"):
+        call(precision="fp16")
+
+
+def test_return_state_not_bool():
+    with pytest.raises(TypeError, match="return_state must be a bool"):
+        call(return_state="yes")
+
+
+def test_autograd_guard():
+    b, c, v = inputs()
+    b.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="forward pass only: an input requires grad"):
+        call(b=b)
+    with torch.no_grad():
+        out = call(b=b)
+    assert out.grad_fn is None and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kind", ["decode", "method_fn", "reference"])
+def test_other_entry_points_validate(kind):
+    b, c, v = inputs()
+    if kind == "decode":
+        with pytest.raises(ValueError, match=r"state must have shape \(batch, heads, r, d\) = \(1, 2, 4, 5\)"):
+            leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], torch.zeros(1, 2, 5, 4, device=DEVICE))
+    elif kind == "method_fn":
+        with pytest.raises(ValueError, match="gamma must lie in"):
+            leettriton.fleet_attention(b, c, v, 2.0)
+    else:
+        with pytest.raises(TypeError, match="b, c and v must share one dtype"):
+            leettriton.reference(b, c.half(), v)
+
+
+@pytest.mark.parametrize("bad,err,msg", [
+    ("b_rank", ValueError, r"b_t must be 3-D \(batch, heads, dim\)"),
+    ("dtype", TypeError, "b_t, c_t and v_t must share one dtype"),
+    ("state_dtype", TypeError, "state must be float32"),
+    ("v_heads", ValueError, "v_t must match b_t in batch and heads"),
+    ("gamma", ValueError, r"gamma must lie in \(0, 1\]"),
+    ("big", NotImplementedError, "exceeds the supported maximum of 256"),
+])
+def test_decode_step_bad_input(bad, err, msg):
+    B, H, r, d = 2, 3, 4, 5
+    b_t, c_t = torch.randn(B, H, r, device=DEVICE), torch.randn(B, H, r, device=DEVICE)
+    v_t = torch.randn(B, H, d, device=DEVICE)
+    state = torch.zeros(B, H, r, d, device=DEVICE)
+    gamma = 0.9
+    if bad == "b_rank":
+        b_t = b_t[0]
+    elif bad == "dtype":
+        c_t = c_t.half()
+    elif bad == "state_dtype":
+        state = state.double()
+    elif bad == "v_heads":
+        v_t = torch.randn(B, H + 1, d, device=DEVICE)
+    elif bad == "gamma":
+        gamma = 0.0
+    elif bad == "big":
+        v_t = torch.randn(B, H, 257, device=DEVICE)
+        state = torch.zeros(B, H, r, 257, device=DEVICE)
+    before = state.clone()
+    with pytest.raises(err, match=msg):
+        leettriton.decode_step(b_t, c_t, v_t, state, gamma)
+    assert torch.equal(state, before)  # nothing ran

@@ -7,6 +7,7 @@ See :func:`linear_attention` for the main entry point.
 from . import methods as _methods  # noqa: F401  (registers the built-in methods)
 from .api import METHODS, _method_function, decode_step, linear_attention, register_method
 from .compat import causal_linear_decoder
+from .dispatch import load_heuristics
 from .reference import reference
 
 vanilla = _method_function("vanilla")
@@ -23,5 +24,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "linear_attention", "decode_step", "reference", "register_method", "METHODS", "causal_linear_decoder",
+    "load_heuristics",
     "vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention", "fleet_attention",
 ]

@@ -476,6 +476,16 @@ def peers(device=None, names: Optional[Iterable[str]] = None, notes: Optional[li
     return found
 
 
+def _fla_decode(b_t, c_t, v_t, state, gamma) -> Prepared:
+    from fla.ops.simple_gla import fused_recurrent_simple_gla
+
+    q, k, vv = (x.unsqueeze(1).contiguous() for x in (b_t, c_t, v_t))   # [B, 1, H, K]: one token
+    g = None if gamma is None else torch.log(gamma.double()).float().contiguous()
+    return Prepared(lambda: fused_recurrent_simple_gla(q, k, vv, g_gamma=g, scale=1.0, initial_state=state,
+                                                       output_final_state=True),
+                    lambda res: res[0].squeeze(1))
+
+
 def peer_decode(device=None, notes: Optional[list] = None):
     """fla's one-token step, or None: ``factory(b_t, c_t, v_t, state, gamma) -> Prepared``.
 
@@ -494,16 +504,7 @@ def peer_decode(device=None, notes: Optional[list] = None):
     if notes is not None:
         notes.append(f"peer fla_fused_recurrent_simple_gla (decode): fla-core {_version_of('fla-core')}")
 
-    def factory(b_t, c_t, v_t, state, gamma) -> Prepared:
-        from fla.ops.simple_gla import fused_recurrent_simple_gla
-
-        q, k, vv = (x.unsqueeze(1).contiguous() for x in (b_t, c_t, v_t))   # [B, 1, H, K]
-        g = None if gamma is None else torch.log(gamma.double()).float().contiguous()
-        return Prepared(lambda: fused_recurrent_simple_gla(q, k, vv, g_gamma=g, scale=1.0, initial_state=state,
-                                                           output_final_state=True),
-                        lambda res: res[0].squeeze(1))
-
-    return factory
+    return _fla_decode
 
 
 # --------------------------------------------------------------------------- oracle and one cell

@@ -55,7 +55,7 @@ def fmt_err(e: Optional[float]) -> str:
 def cell(row: Optional[dict]) -> str:
     """A table cell for a result row: the median ms, or the status (n/a, OOM, skipped, error)."""
     if row is None:
-        return ""
+        return "—"
     if row.get("median_ms") is None:
         return {"n/a": "n/a", "OOM": "OOM", "skipped": "skip", "error": "ERR"}.get(row["status"], row["status"])
     txt = fmt_ms(row["median_ms"])

@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import leettriton
-from leettriton.autotune import KERNELS
+from leettriton.autotune.record import record_launches
 from leettriton.autotune.families import FAMILIES
 
 
@@ -94,50 +94,6 @@ def compile_kernel(kernel, args: dict, config: dict, arch: int = 90):
                                            num_stages=config.get("num_stages", 2)))
     regs, spill = resource_usage(compiled.asm["cubin"])
     return {"shared": compiled.metadata.shared, "regs": regs, "spill": spill}
-
-
-class _Recorder:
-    """Stands in for kernel launches: records each kernel's named arguments instead of running it."""
-
-    def __init__(self):
-        self.calls: list[tuple[object, dict]] = []
-        self._saved = {}
-
-    def __enter__(self):
-        for kernel in set(KERNELS.values()):
-            self._saved[kernel] = kernel.run
-            kernel.run = self._make(kernel)
-            self._saved[(kernel, "fn")] = kernel.fn.run
-            kernel.fn.run = self._make(kernel)
-        return self
-
-    def _make(self, kernel):
-        def run(*args, grid=None, warmup=False, **kwargs):
-            named = dict(zip(kernel.fn.arg_names, args))
-            named.update({k: v for k, v in kwargs.items() if k in kernel.fn.arg_names})
-            self.calls.append((kernel, named))
-        return run
-
-    def __exit__(self, *exc):
-        for kernel in set(KERNELS.values()):
-            kernel.run = self._saved[kernel]
-            kernel.fn.run = self._saved[(kernel, "fn")]
-
-
-def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=128, decay=True,
-                    initial=True, state=True):
-    """The (kernel, named arguments) pairs that ``method`` launches for one CPU problem."""
-    from leettriton.api import make_problem, run_problem
-
-    g = torch.Generator().manual_seed(0)
-    b, c = (torch.randn(B, H, n, r, generator=g).to(dtype) for _ in range(2))
-    v = torch.randn(B, H, n, d, generator=g).to(dtype)
-    s0 = torch.randn(B, H, r, d, generator=g) if initial else None
-    p, _ = make_problem(b, c, v, 0.9 if decay else None, initial_state=s0, return_state=state)
-    with _Recorder() as rec:
-        from leettriton.methods import TRITON_IMPLS
-        TRITON_IMPLS[method](p, None)
-    return rec.calls
 
 
 def main(argv=None) -> int:

@@ -165,6 +165,22 @@ def autotune(space: KernelSpace, key: Sequence[str], **kwargs):
 
 
 _launch_log = threading.local()
+_FITS_CACHE: dict[tuple, bool] = {}
+
+
+def _fits(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is one of the family's configs that fit this launch (cached per shape class)."""
+    family = current_family()
+    dtypes = tuple(str(a.dtype) for a in args.values() if hasattr(a, "dtype"))
+    key = (space.name, family.name, tuple(sorted(config.items())), args.get("R"), args.get("D"), dtypes)
+    hit = _FITS_CACHE.get(key)
+    if hit is None:
+        if family.name == "cpu":
+            hit = True  # the interpreter runs any config
+        else:
+            hit = space.smem(config, args) <= family.smem_per_block and space.fits(config, args)
+        _FITS_CACHE[key] = hit
+    return hit
 
 
 @contextlib.contextmanager
@@ -188,6 +204,10 @@ def launch(kernel, grid, config: ConfigDict | None, **args):
     log = getattr(_launch_log, "log", None)
     if log is not None:
         log.append((kernel, args))
+    if config is not None and not _fits(kernel.space, config, args):
+        # pinned at another shape and does not fit this one: the family's first fitting config
+        # (still no benchmarking on the call path)
+        config = kernel.space.usable(current_family(), args)[0]
     if config is None:
         return kernel[grid](**args)
     meta = dict(config)

@@ -1,31 +1,32 @@
 """causal_dot_product: the row-by-row recurrence S_t = γ S_{t−1} + c_tᵀ v_t, o_t = b_t S_t.
 
 The algorithm of fast-transformers' ``causal_product`` CUDA kernel, extended to a
-decay: each program owns the whole key dimension of one [R, BV] slice of the
-state, in float32 registers, and walks the sequence one row at a time.  There
-is no quadratic term and no tensor-core work: per row it is an outer-product
-update of the state and a reduction over the key dimension.  Programs are
-independent (batch · heads × value tiles), so there is no cross-program
-reduction at all and the result is the same run to run.
+decay.  Each program owns the whole key dimension of one [R, BV] slice of the
+state, in float32 registers, and walks the sequence one row at a time: an
+outer-product update of the state, then o_t as a reduction over the key
+dimension.  No quadratic term, no tensor-core work.  Programs are independent
+(batch · heads × value tiles): no cross-program reduction, so results do not
+change run to run.
 
-Making the sequential loop fast:
+What makes the sequential loop fast:
 
-* The rows b_t and c_t are read through a [BK, BV] pointer grid that repeats
-  the row across the value columns.  Triton then gives the loaded tile -- and
-  the state, which is built from it -- a layout with 16 bytes of consecutive
-  keys inside each thread (one vector load per row) and the rest of the key
-  dimension across the lanes of one warp, warps splitting the value columns.
-  The reduction o_t = Σ_k b_t[k] S_t[k, :] is then a few in-thread adds and a
-  short shuffle tree, with no shared memory and no barrier per row.
-* The loop body covers BT rows, unrolled: the 3·BT row loads do not depend on
-  the state, so they are all issued at the top of the body and one memory
-  latency is paid per BT rows instead of per row.
-* The BT outputs are gathered in a [BT, BV] register tile and written with one
-  store per block (one layout change per block instead of one per row).
+* Layout.  The rows are read through pointer grids of shape [BT, BK, BV] that
+  repeat each row over the value columns.  Coalescing gives such a load one
+  16-byte vector of keys per thread, the keys across lanes, the value columns
+  across the remaining lanes and the warps, and the BT rows in registers.  The
+  state takes the same layout, so the update needs no data movement and the
+  reduction over keys is a few in-thread adds and a shuffle tree inside one
+  warp: no shared memory, no barrier per row.
+* Blocks of rows.  BT rows of b, c and v come in with one load each; picking
+  row i out of the block is a select on registers that the compiler folds
+  away (the unrolled loop knows i).
+* Software pipelining.  The loads of block j+1 are issued before block j is
+  processed, so their latency hides behind BT steps of work.  The BT outputs
+  of a block are gathered in registers and written with one store.
 
-Rows past the end are masked to zero and do not decay the state, so the last
-block needs no special case.  Cost O(n r d) on CUDA cores with n sequential
-steps: it wins for tiny n and for very large batch · heads.
+Rows past the end read as zero and do not decay the state, so the last block
+needs no special case.  Cost O(n r d) on CUDA cores with n sequential steps:
+the method for tiny n and for very large batch · heads.
 """
 from __future__ import annotations
 
@@ -53,8 +54,10 @@ def _causal_dot_product_fwd_kernel(
     HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    # value tiles of one head are neighbours in launch order: they share the b and c rows in L2
+    NV = tl.cdiv(D, BV)
+    i_v = tl.program_id(0) % NV
+    i_bh = tl.program_id(0) // NV
     i_b = i_bh // H
     i_h = i_bh % H
     b_ptr += i_b * stride_bb + i_h * stride_bh
@@ -62,17 +65,19 @@ def _causal_dot_product_fwd_kernel(
     v_ptr += i_b * stride_vb + i_h * stride_vh
     o_ptr += i_b * stride_ob + i_h * stride_oh
     lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
-    gamma = tl.exp2(lam)  # γ^1: the decay of one step (1 without decay)
+    gamma = tl.exp2(lam)  # the decay of one step, exp2(λ · 1)
 
+    o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    o_i = tl.arange(0, BT)
-    # b_t and c_t through a [BK, BV] grid of pointers that repeats the row over the value
-    # columns: it gives the state a layout with the key dimension in-thread and across lanes
-    o_kv = o_k[:, None] * 0 + o_v[None, :] * 0
-    p_b = b_ptr + o_k[:, None] * stride_bk + o_kv
-    p_c = c_ptr + o_k[:, None] * stride_ck + o_kv
-    p_v = v_ptr + o_v[None, :] * stride_vd
+    # [BT, BK, BV] pointer grids that repeat each row of b and c over the value columns: they
+    # give the loaded blocks, and the state built from them, the layout described above
+    o_rep = tl.zeros([BT, BK, BV], dtype=tl.int32)
+    p_b = b_ptr + o_k[None, :, None] * stride_bk + o_rep
+    p_c = c_ptr + o_k[None, :, None] * stride_ck + o_rep
+    p_v = v_ptr + o_v[None, None, :] * stride_vd
+    m_k = o_k[None, :, None] < R
+    m_v = o_v[None, None, :] < D
 
     if HAS_INITIAL:
         s0_ptr += i_b * stride_s0b + i_h * stride_s0h
@@ -80,20 +85,31 @@ def _causal_dot_product_fwd_kernel(
     else:
         b_s = tl.zeros([BK, BV], dtype=tl.float32)
 
+    o_t = o_i[:, None, None]
+    n_b = tl.load(p_b + o_t * stride_bn, mask=(o_t < N) & m_k, other=0.0)  # [BT, BK, BV], rows repeated
+    n_c = tl.load(p_c + o_t * stride_cn, mask=(o_t < N) & m_k, other=0.0)  # [BT, BK, BV]
+    n_v = tl.load(p_v + o_t * stride_vn, mask=(o_t < N) & m_v, other=0.0)  # [BT, 1, BV]
     for t0 in range(0, N, BT):
+        b_bb = n_b
+        b_cb = n_c
+        b_vb = n_v
+        # next block first: its loads are in flight while this block is processed
+        o_t = t0 + BT + o_i[:, None, None]
+        n_b = tl.load(p_b + o_t * stride_bn, mask=(o_t < N) & m_k, other=0.0)
+        n_c = tl.load(p_c + o_t * stride_cn, mask=(o_t < N) & m_k, other=0.0)
+        n_v = tl.load(p_v + o_t * stride_vn, mask=(o_t < N) & m_v, other=0.0)
+
         b_o = tl.zeros([BT, BV], dtype=tl.float32)
         for i in tl.static_range(BT):
-            t = t0 + i
-            m_t = t < N
-            # a row past the end reads as zero: its key and value limits drop to 0
-            m_k = o_k[:, None] < tl.where(m_t, R, 0)
-            m_v = o_v[None, :] < tl.where(m_t, D, 0)
-            b_b = tl.load(p_b + t * stride_bn, mask=m_k, other=0.0).to(tl.float32)  # [BK, BV], b_t repeated
-            b_c = tl.load(p_c + t * stride_cn, mask=m_k, other=0.0).to(tl.float32)  # [BK, BV], c_t repeated
-            b_v = tl.load(p_v + t * stride_vn, mask=m_v, other=0.0).to(tl.float32)  # [1, BV]
+            # row i of the block; the other rows become -0.0, which the sum over the
+            # register axis folds away (x + -0.0 == x)
+            m_i = o_i[:, None, None] == i
+            b_b = tl.sum(tl.where(m_i, b_bb.to(tl.float32), -0.0), axis=0)  # [BK, BV]
+            b_c = tl.sum(tl.where(m_i, b_cb.to(tl.float32), -0.0), axis=0)  # [BK, BV]
+            b_v = tl.sum(tl.where(m_i, b_vb.to(tl.float32), -0.0), axis=0)  # [1, BV]
             if HAS_DECAY:
                 # a row past the end adds zero and must not decay the state either
-                b_s = b_s * tl.where(m_t, gamma, 1.0) + b_c * b_v
+                b_s = b_s * tl.where(t0 + i < N, gamma, 1.0) + b_c * b_v
             else:
                 b_s += b_c * b_v
             b_ot = tl.sum(b_s * b_b, axis=0, keep_dims=True)  # [1, BV] = b_t S_t
@@ -110,5 +126,5 @@ def causal_dot_product_fwd(p: Problem, config: Optional[Mapping] = None) -> None
     B, H, n, r, d = p.shape
     args = problem_args(p)
     args["BK"] = spaces.key_tile(r)
-    grid = lambda meta: (triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
+    grid = lambda meta: (triton.cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     launch(_causal_dot_product_fwd_kernel, grid, (config or {}).get(spaces.FWD.name), **args)

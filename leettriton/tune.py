@@ -1,0 +1,198 @@
+"""``python -m leettriton.tune --gpu <family>``: measure every method and write the heuristic file.
+
+On the current GPU, for every point of a grid (dtype × decay × (r, d) ×
+batch·heads × n) every Triton method runs at its best config (each kernel
+autotuned for the point) and is timed; the winner, every method's time and
+config, and how it was measured go to ``leettriton/autotune/heuristics/<family>.json``
+(or ``--out``).  The file is rewritten after every point, so an interrupted run
+resumes where it stopped (``--restart`` starts over); ``--max-minutes`` stops
+cleanly after that long, and ``--dtypes`` / ``--methods`` shard the work.
+
+    python -m leettriton.tune --gpu h100 --quick            # a few minutes
+    python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from .api import BUILTIN_METHODS, make_problem, run_problem
+from .autotune import KERNELS, chosen_config, current_family, recording
+from .autotune.families import FAMILIES
+from .autotune.heuristics import FORMAT, default_path
+
+GRIDS = {
+    "full": dict(dtype=["float16", "bfloat16", "float32"], decay=[True, False],
+                 rd=[[64, 64], [128, 128], [256, 256]], bh=[8, 32, 128, 512],
+                 n=[64, 256, 1024, 4096, 16384, 65536, 131072]),
+    "quick": dict(dtype=["float16", "bfloat16", "float32"], decay=[True, False], rd=[[128, 128]],
+                  bh=[32, 512], n=[128, 1024, 8192, 65536]),
+}
+SLOWER_THAN_BEST_TO_DROP = 30.0  # a method this many times slower than the best is not run at larger n
+MEMORY_FRACTION = 0.45           # points whose inputs and output would exceed this share of memory are skipped
+
+
+def decay_gammas(heads: int) -> torch.Tensor:
+    """One γ per head, spread as in RetNet (1 − 2^(−5 − h·3/(H−1))): from 0.969 to 0.996."""
+    h = torch.arange(heads, dtype=torch.float64)
+    return 1 - torch.exp2(-5 - 3 * h / max(heads - 1, 1))
+
+
+def _point_key(p) -> tuple:
+    return (p["dtype"], bool(p["decay"]), p["r"], p["d"], p["bh"], p["n"])
+
+
+def _git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _time_method(method, b, c, v, gamma, retune: bool):
+    """(median ms, {kernel space: config}) of one method, each kernel autotuned for this shape."""
+    from triton.testing import do_bench
+
+    if retune:
+        for kernel in KERNELS.values():
+            kernel.cache.clear()
+    p, _ = make_problem(b, c, v, gamma)
+    with recording() as log:
+        run_problem(p, method)          # tunes (first meeting of this key) and compiles
+    torch.cuda.synchronize()
+    config = {}
+    for kernel, _args in log:
+        chosen = chosen_config(kernel)
+        if chosen is not None:
+            config[kernel.space.name] = chosen
+    # time the chosen configs exactly as `auto` will launch them
+    ms = do_bench(lambda: run_problem(p, method, config), warmup=10, rep=40, return_mode="median")
+    return ms, config
+
+
+def _save(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m leettriton.tune", description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", required=True, choices=[f for f in FAMILIES if f != "cpu"],
+                    help="the family to measure; must be the GPU this runs on")
+    ap.add_argument("--quick", action="store_true", help="the small grid (a few minutes)")
+    ap.add_argument("--dtypes", help="comma-separated subset of the grid's dtypes")
+    ap.add_argument("--methods", default=",".join(BUILTIN_METHODS), help="comma-separated methods to measure")
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop cleanly after this long")
+    ap.add_argument("--out", help="where to write (default: the packaged file of the family)")
+    ap.add_argument("--restart", action="store_true", help="ignore points already in the output file")
+    ap.add_argument("--no-retune", action="store_true",
+                    help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
+    opts = ap.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        print("leettriton.tune: no CUDA device: the heuristic file must be measured on the GPU it is for",
+              file=sys.stderr)
+        return 2
+    family = current_family()
+    device_name = torch.cuda.get_device_name()
+    if family.name != opts.gpu:
+        print(f"leettriton.tune: refusing to write the {opts.gpu!r} heuristic file on this {device_name}, "
+              f"which is of the {family.name!r} family: run it on a {opts.gpu} GPU, or pass --gpu {family.name}",
+              file=sys.stderr)
+        return 2
+    os.environ["LEETTRITON_AUTOTUNE"] = "1"  # the tuner measures each method at its best config
+
+    grid = dict(GRIDS["quick" if opts.quick else "full"])
+    if opts.dtypes:
+        grid["dtype"] = [x for x in opts.dtypes.split(",") if x]
+    methods = [m for m in opts.methods.split(",") if m]
+    out = opts.out or default_path(family.name)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+
+    doc = None
+    if os.path.exists(out) and not opts.restart:
+        with open(out) as f:
+            doc = json.load(f)
+        if doc.get("format") != FORMAT or doc.get("family") != family.name:
+            print(f"leettriton.tune: {out} is not a {family.name} heuristic file; use --restart or --out",
+                  file=sys.stderr)
+            return 2
+    if doc is None:
+        doc = {"format": FORMAT, "family": family.name, "measured": {}, "grid": {}, "points": []}
+    doc["measured"] = {
+        "device": device_name, "torch": torch.__version__, "triton": __import__("triton").__version__,
+        "cuda": torch.version.cuda, "git_sha": _git_sha(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m leettriton.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    merged = {k: sorted({json.dumps(x) for x in doc["grid"].get(k, []) + grid[k]}) for k in grid}
+    doc["grid"] = {k: [json.loads(x) for x in v] for k, v in merged.items()}
+    done = {_point_key(p): p for p in doc["points"]}
+
+    total_mem = torch.cuda.get_device_properties(0).total_memory
+    start = time.time()
+    series = [(dt, dec, rd, bh) for dt in grid["dtype"] for dec in grid["decay"] for rd in grid["rd"]
+              for bh in grid["bh"]]
+    count, todo = 0, len(series) * len(grid["n"])
+    for dt, dec, (r, d), bh in series:
+        dropped: set[str] = set()
+        heads = min(bh, 32)
+        batch = bh // heads
+        for n in grid["n"]:
+            count += 1
+            key = (dt, dec, r, d, bh, n)
+            if key in done:
+                continue
+            if opts.max_minutes is not None and time.time() - start > 60 * opts.max_minutes:
+                print(f"stopping after {opts.max_minutes} minutes; rerun the same command to resume", flush=True)
+                return 0
+            dtype = getattr(torch, dt)
+            point = {"dtype": dt, "decay": dec, "r": r, "d": d, "bh": bh, "n": n, "best": None, "config": {},
+                     "times_ms": {}, "configs": {}}
+            need = batch * heads * n * (2 * r + 2 * d) * dtype.itemsize
+            if need > MEMORY_FRACTION * total_mem:
+                point["note"] = "skipped: inputs exceed the memory budget"
+            else:
+                g = torch.Generator(device="cuda").manual_seed(n)
+                b, c = (torch.randn(batch, heads, n, r, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+                v = torch.randn(batch, heads, n, d, device="cuda", dtype=dtype, generator=g)
+                gamma = decay_gammas(heads).to(device="cuda", dtype=torch.float32) if dec else None
+                for method in methods:
+                    if method in dropped:
+                        point["times_ms"][method] = None
+                        continue
+                    try:
+                        ms, config = _time_method(method, b, c, v, gamma, retune=not opts.no_retune)
+                    except torch.cuda.OutOfMemoryError:
+                        torch.cuda.empty_cache()
+                        ms, config = None, {}
+                    point["times_ms"][method] = ms
+                    point["configs"][method] = config
+                timed = {m: t for m, t in point["times_ms"].items() if t is not None}
+                if timed:
+                    best = min(timed, key=timed.get)
+                    point["best"], point["config"] = best, point["configs"][best]
+                    dropped |= {m for m, t in timed.items() if t > SLOWER_THAN_BEST_TO_DROP * timed[best]}
+                del b, c, v
+            doc["points"] = [p for p in doc["points"] if _point_key(p) != key] + [point]
+            _save(out, doc)
+            times = " ".join(f"{m}={t:.3f}" if t is not None else f"{m}=-" for m, t in point["times_ms"].items())
+            print(f"[{count}/{todo}] {dt} decay={dec} r={r} d={d} bh={bh} n={n}: best {point['best']}  {times}  "
+                  f"({time.time() - start:.0f} s)", flush=True)
+    print(f"wrote {out} ({len(doc['points'])} points)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The chunked methods (lightning_attention, block_based) against fla and lightning-attn.
+
+1. Speed: heads 32, r = d = 128, with decay (γ per head 0.969 … 0.996) and without,
+   float16 and bfloat16; batch 1 with n ∈ {2048, 8192, 32768, 100000} and batch 16 with
+   n ∈ {2048, 8192, 25600}.  Peers: fla ``chunk_simple_gla`` (``g_gamma = ln γ``,
+   ``scale=1.0``, ``[B, T, H, K]`` inputs converted outside the timed region) and
+   lightning-attn ``lightning_attn2`` (``s = −ln γ``), measured in the same run.
+   Targets: the best of ours ≥ 1.5× faster than ``chunk_simple_gla`` at every shape,
+   and ≤ 3× the memory floor at batch 16, n 8192, float16.
+2. Precision: n = 100 000, batch 1, heads 4, r = d = 128, γ ∈ {1, 0.999, 0.9} (one γ for
+   every head) against the float64 oracle (chunked): float16 ≤ 2e-3, bfloat16 ≤ 1e-2,
+   float32 (precision "ieee") ≤ 1e-5, never NaN/inf — for both methods; the peers are
+   shown for information (their float32 goes through TF32).
+
+    python perf/bench_chunked.py            # on the GPU, ~2 minutes
+    python perf/bench_chunked.py --quick    # fp16, with decay, three shapes, and the precision section
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import leettriton  # noqa: E402
+from leettriton import bench  # noqa: E402
+
+NAME = "bench_chunked"
+OURS = ("lightning_attention", "block_based")
+FLA, LA2 = "fla_chunk_simple_gla", "lightning_attn2"
+
+
+def run_speed(rep: common.Report, args, dtypes, decays, shapes, heads, r, d, rep_ms) -> None:
+    device = rep.device
+    entries = [bench.method_entry(m) for m in OURS]
+    for name, factory in bench.peers(device, bench.CHUNKED_PEERS, rep.notes).items():
+        entries.append(bench.peer_entry(name, factory))
+    rows = []
+    by_batch: dict[int, list] = {}
+    for batch, n in shapes:
+        by_batch.setdefault(batch, []).append(n)
+    for batch, ns in by_batch.items():
+        rows += bench.run_grid(entries, dtypes=dtypes, batches=[batch], seqlens=ns, decays=decays, heads=heads, r=r,
+                               d=d, device=device, budget_s=args.budget_s, rep_ms=rep_ms, bandwidth=rep.bandwidth)
+    for row in rows:
+        row["section"] = "speed"
+    rep.rows.extend(rows)
+
+    for dt in dtypes:
+        dname = bench.dtype_name(dt)
+        for decay in decays:
+            body = []
+            speedups = []
+            for batch, n in shapes:
+                get = {e.label: common.find(rows, method=e.label, dtype=dname, decay=decay, batch=batch, n=n)
+                       for e in entries}
+                ours = [get[m] for m in OURS if get[m] and get[m]["status"] == "ok" and get[m]["median_ms"]]
+                best = min(ours, key=lambda x: x["median_ms"]) if ours else None
+                fla = get.get(FLA)
+                speed = None
+                if best and fla and fla["median_ms"]:
+                    speed = fla["median_ms"] / best["median_ms"]
+                    speedups.append(speed)
+                errs = [get[m]["rel_err"] for m in OURS if get[m] and get[m]["rel_err"] is not None]
+                floor = next(x["floor_ms"] for x in get.values() if x)
+                body.append([f"{batch} × {n}", *(common.cell(get.get(e.label)) for e in entries), common.fmt_ms(floor),
+                             best["method"] if best else "—", "—" if speed is None else f"{speed:.2f}×",
+                             "—" if best is None else f"{best['ratio']:.1f}×",
+                             common.fmt_err(max(errs)) if errs else "—"])
+                if batch == 16 and n == 8192 and dt == torch.float16:
+                    rep.target(f"best ours × memory floor, fp16 B=16 n=8192 {'decay' if decay else 'no decay'}",
+                               "—" if best is None else f"{best['ratio']:.2f}×", "≤ 3×",
+                               None if best is None or device.type != "cuda" else best["ratio"] <= 3.0)
+            rep.target(f"best ours vs fla chunk_simple_gla, {dname} {'decay' if decay else 'no decay'} (worst shape)",
+                       "—" if not speedups else f"{min(speedups):.2f}× (best {max(speedups):.2f}×)", "≥ 1.5×",
+                       None if not speedups else min(speedups) >= 1.5)
+            rep.section(f"Speed, {dname}, {'with decay' if decay else 'without decay'} — heads {heads}, r = {r}, d = {d}",
+                        ["batch × n", *(e.label for e in entries), "floor ms", "best ours", "fla / best ours",
+                         "best ours × floor", "ours max rel err"], body,
+                        "Median ms (do_bench, p20/p80 in the JSON rows). 'fla / best ours' > 1 means ours is faster. "
+                        "Errors against the float64 oracle on the rows' err_scope.")
+
+
+def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> None:
+    device = rep.device
+    peers = bench.peers(device, bench.CHUNKED_PEERS, None)
+    body = []
+    for dt in dtypes:
+        b, c, v = bench.make_inputs(1, heads, n, r, d, dt, device, seed=11)
+        worst: dict[str, list] = {}
+        for gval in gammas:
+            g = None if gval == 1.0 else torch.full((heads,), gval, device=device, dtype=torch.float32)
+            orc = bench.oracle(b, c, v, g)
+            line = [bench.dtype_name(dt), f"{gval:g}"]
+            for name in (*OURS, *peers):
+                if name in OURS:
+                    def prepare(name=name):
+                        return lambda: leettriton.linear_attention(b, c, v, g, method=name)
+                    tol = bench.TOLERANCES[dt]
+                else:
+                    def prepare(name=name):
+                        return peers[name](b, c, v, g)
+                    tol = bench.TF32_TOLERANCE if dt == torch.float32 else bench.TOLERANCES[dt]
+                m = bench.measure(prepare, check=orc, tol=tol, device=device, timed=False)
+                rep.rows.append(dict(section="precision", method=name, dtype=bench.dtype_name(dt), batch=1,
+                                     heads=heads, n=n, r=r, d=d, gamma=gval, rel_err=m.rel_err, tol=tol,
+                                     status=m.status, note=m.note))
+                if m.rel_err is None:
+                    line.append(m.status)
+                else:
+                    line.append(f"{common.fmt_err(m.rel_err)} {'ok' if m.status == 'ok' else 'FAIL'}")
+                if name in OURS:
+                    worst.setdefault(name, []).append(m)
+                print(f"precision {bench.dtype_name(dt):<8} γ={gval:<6g} {name:<22} err {common.fmt_err(m.rel_err)} "
+                      f"(tol {tol:.0e}) {m.status} {m.note}", flush=True)
+            body.append(line)
+        for name, ms in worst.items():
+            errs = [m.rel_err for m in ms if m.rel_err is not None]
+            shown = "NaN/inf" if any(e != e for e in errs) else (f"{max(errs):.1e}" if errs else "—")
+            missing = sorted({m.status for m in ms if m.rel_err is None})
+            rep.target(f"precision {name} {bench.dtype_name(dt)} n={n}, worst of γ ∈ {{{', '.join(f'{x:g}' for x in gammas)}}}",
+                       shown + (f" ({', '.join(missing)})" if missing else ""), f"≤ {bench.TOLERANCES[dt]:.0e}",
+                       False if any(m.status in ("WRONG", "error") for m in ms) else
+                       (None if missing else True))
+        del b, c, v
+        bench.free_memory()
+    rep.section(f"Precision at n = {n}: batch 1, heads {heads}, r = {r}, d = {d}, relative error vs the float64 oracle",
+                ["dtype", "γ", *OURS, *(f"{p} (info)" for p in peers)], body,
+                "Tolerances: float16 2e-3, bfloat16 1e-2, float32 (precision 'ieee') 1e-5; NaN/inf fails. Peers' "
+                "float32 goes through TF32 (judged at 2e-3). γ = 1 runs the no-decay path.")
+
+
+def main(argv=None) -> common.Report:
+    p = common.parser(__doc__.split("\n")[0])
+    args = p.parse_args(argv)
+    device = common.device_of(args)
+    rep = common.Report(NAME, "Chunked methods vs fla and lightning-attn", common.cli_argv(argv), device, args.quick)
+    rep_ms = args.rep_ms or (50 if args.quick else 100)
+    if device.type == "cuda":
+        heads, r, d = 32, 128, 128
+        if args.quick:
+            dtypes, decays = [torch.float16], [True]
+            shapes = [(1, 8192), (1, 100000), (16, 8192)]
+            pn, pheads = 100000, 4
+        else:
+            dtypes, decays = [torch.float16, torch.bfloat16], [True, False]
+            shapes = [(1, 2048), (1, 8192), (1, 32768), (1, 100000), (16, 2048), (16, 8192), (16, 25600)]
+            pn, pheads = 100000, 4
+    else:
+        heads, r, d = 2, 16, 16
+        dtypes, decays = [torch.float16], [True, False]
+        shapes = [(1, 64), (2, 128)]
+        pn, pheads = 512, 2
+    with torch.no_grad():
+        run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
+        run_precision(rep, args, [torch.float16, torch.bfloat16, torch.float32], (1.0, 0.999, 0.9), pn, pheads, r, d)
+    rep.finish(args.out)
+    return rep
+
+
+if __name__ == "__main__":
+    main()

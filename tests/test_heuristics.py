@@ -1,0 +1,147 @@
+"""Heuristic files: lookup, loading errors, the tuner's family check, and ``auto`` using them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import leettriton
+from leettriton import tune
+from leettriton.api import make_problem
+from leettriton.autotune import FAMILIES, current_family, recording
+from leettriton.autotune.heuristics import FORMAT, HeuristicsError, load_heuristics
+from leettriton.dispatch import choose, fallback
+from conftest import DEVICE
+from helpers import Case, assert_close
+
+
+def point(dtype="float16", decay=True, r=128, d=128, bh=32, n=1024, best="block_based", config=None):
+    return {"dtype": dtype, "decay": decay, "r": r, "d": d, "bh": bh, "n": n, "best": best,
+            "config": config or {}, "times_ms": {best: 1.0}, "configs": {best: config or {}}}
+
+
+def write(tmp_path, points, family=None, name="h.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"format": FORMAT, "family": family or current_family().name, "measured": {},
+                                "grid": {}, "points": points}))
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def no_active_file():
+    yield
+    leettriton.load_heuristics(None)
+
+
+def test_lookup_exact_and_nearest(tmp_path):
+    h = load_heuristics(write(tmp_path, [
+        point(n=1024, best="vanilla"), point(n=65536, best="block_based"), point(bh=512, n=65536, best="fleet_attention"),
+        point(dtype="float32", n=1024, best="recursion"), point(decay=False, n=1024, best="causal_dot_product")]))
+    assert h.lookup("float16", True, 128, 128, 32, 1024)[0] == "vanilla"            # exact
+    assert h.lookup("float16", True, 128, 128, 32, 2000)[0] == "vanilla"            # nearest in log n
+    assert h.lookup("float16", True, 128, 128, 32, 30000)[0] == "block_based"
+    assert h.lookup("float16", True, 128, 128, 400, 70000)[0] == "fleet_attention"  # nearest in bh too
+    assert h.lookup("float32", True, 64, 64, 8, 10)[0] == "recursion"               # exact on dtype
+    assert h.lookup("float16", False, 128, 128, 512, 10**6)[0] == "causal_dot_product"  # exact on decay
+    assert h.lookup("bfloat16", True, 128, 128, 32, 1024) is None                   # no such dtype
+
+
+@pytest.mark.parametrize("content,why", [
+    ("{not json", "is not valid JSON"),
+    ('{"format": "something-else"}', "is not a leettriton heuristic file"),
+    ('[1, 2]', "is not a leettriton heuristic file"),
+])
+def test_corrupt_file(tmp_path, content, why):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(HeuristicsError, match=f"heuristic file {path}: {why}"):
+        load_heuristics(str(path))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(HeuristicsError, match="cannot be read"):
+        load_heuristics(str(tmp_path / "absent.json"))
+
+
+def test_foreign_family(tmp_path):
+    path = write(tmp_path, [point()], family="a6000")
+    with pytest.raises(HeuristicsError, match="was measured on the 'a6000' family, but this device is 'h100'"):
+        load_heuristics(path, "h100")
+
+
+@pytest.mark.parametrize("bad,why", [({"best": "nonsense"}, "unknown method 'nonsense'"),
+                                     ({"config": {"no.such.kernel": {}}}, "config for unknown kernels"),
+                                     ({"n": -3}, "lacks dtype, decay, r, d, bh or n")])
+def test_malformed_points(tmp_path, bad, why):
+    p = point()
+    p.update(bad)
+    with pytest.raises(HeuristicsError, match=why):
+        load_heuristics(write(tmp_path, [p]))
+
+
+def test_env_variable_with_corrupt_file_fails_clearly(tmp_path, monkeypatch):
+    path = tmp_path / "broken.json"
+    path.write_text("garbage")
+    monkeypatch.setenv("LEETTRITON_HEURISTICS", str(path))
+    from leettriton.autotune import heuristics
+
+    monkeypatch.setattr(heuristics, "_ACTIVE", {})
+    b, c, v, g, _ = Case(1, 2, 100, 8, 8, gamma=0.9).tensors(DEVICE)
+    with pytest.raises(HeuristicsError, match=f"heuristic file {path}"):
+        leettriton.linear_attention(b, c, v, g)
+
+
+def test_fallback_without_file():
+    leettriton.load_heuristics(None)
+    fam = current_family()
+    for n, expect in ((40, "vanilla"), (300, None)):
+        b, c, v, g, _ = Case(1, 2, n, 8, 8, gamma=0.9).tensors(DEVICE)
+        p, _ = make_problem(b, c, v, g)
+        method, config = choose(p)
+        assert config is None and method == fallback(p, fam)
+        if expect:
+            assert method == expect
+
+
+def test_fallback_rule_by_parallelism():
+    b, c, v, g, _ = Case(1, 2, 300, 8, 128, gamma=0.9).tensors("meta")
+    p, _ = make_problem(b, c, v, g)
+    assert fallback(p, FAMILIES["h100"]) == "block_based"        # 4 programs cannot fill 132 SMs
+    b, c, v, g, _ = Case(16, 32, 300, 8, 128, gamma=0.9).tensors("meta")
+    p, _ = make_problem(b, c, v, g)
+    assert fallback(p, FAMILIES["h100"]) == "lightning_attention"
+
+
+def test_auto_follows_the_file(tmp_path):
+    """auto launches the file's method with the file's config, and the result is right."""
+    case = Case(1, 2, 150, 20, 24, gamma=0.95, initial=True, return_state=True, seed=21)
+    b, c, v, g, s0 = case.tensors(DEVICE)
+    for method in ("fleet_attention", "recursion", "vanilla_torch"):
+        leettriton.load_heuristics(write(tmp_path, [point(dtype="float32", r=20, d=24, bh=2, n=150, best=method)],
+                                         name=f"{method}.json"))
+        p, _ = make_problem(b, c, v, g)
+        assert choose(p)[0] == method
+        with recording() as log:
+            o, s = leettriton.linear_attention(b, c, v, g, initial_state=s0, return_state=True)
+        ref, ref_s = leettriton.reference(b, c, v, g, initial_state=s0, return_state=True)
+        assert_close(o, ref, 1e-5, f"auto via {method}")
+        assert_close(s, ref_s, 1e-5, f"auto via {method} state")
+        if not method.endswith("_torch"):
+            assert log, "auto launched no kernel"
+
+
+def test_tune_refuses_a_foreign_family(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(tune, "current_family", lambda *a: FAMILIES["a100"])
+    assert tune.main(["--gpu", "h100", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to write the 'h100' heuristic file on this NVIDIA A100-SXM4-80GB" in err
+    assert "'a100' family" in err
+
+
+def test_tune_needs_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert tune.main(["--gpu", "h100"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

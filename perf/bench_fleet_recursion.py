@@ -61,14 +61,14 @@ def _fma_rate_kernel(x_ptr, out_ptr, n_iter, mul, add, BLOCK: tl.constexpr):
     a6 = x + 6.0
     a7 = x + 7.0
     for _ in range(n_iter):
-        a0 = a0 * mul + add
-        a1 = a1 * mul + add
-        a2 = a2 * mul + add
-        a3 = a3 * mul + add
-        a4 = a4 * mul + add
-        a5 = a5 * mul + add
-        a6 = a6 * mul + add
-        a7 = a7 * mul + add
+        a0 = tl.fma(a0, mul, add)
+        a1 = tl.fma(a1, mul, add)
+        a2 = tl.fma(a2, mul, add)
+        a3 = tl.fma(a3, mul, add)
+        a4 = tl.fma(a4, mul, add)
+        a5 = tl.fma(a5, mul, add)
+        a6 = tl.fma(a6, mul, add)
+        a7 = tl.fma(a7, mul, add)
     tl.store(out_ptr + offs, ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)))
 
 

@@ -1,14 +1,18 @@
 """Configs of the row-by-row recurrence kernel (kernels/causal_dot_product.py).
 
-A program holds the whole key dimension of a [R, BV] slice of the state.  The
-loaded rows b_t, c_t take a layout with one 16-byte vector of keys per thread
-and the rest of the keys across lanes; the lanes left over, then the warps,
-split the BV value columns.  A config is useful when every thread owns 1 to 4
-value columns: fewer leaves threads idle, more repeats the row loads per
-column and grows the state past what fits in registers next to the
-prefetched rows.  Axes: BV (value columns per program), BT (rows per unrolled
-block: one memory latency per BT rows), num_warps.  Nothing goes through
-shared memory but the [BT, BV] output tile.
+Axes: BV (value columns per program), BT (rows per block: one load and one
+store per block, and the prefetch distance), num_warps.  The key dimension is
+not an axis: a program holds all of it (BK = r padded to a power of two).
+
+The kernel's row loads give the state a layout with one 16-byte vector of keys
+per thread, keys across lanes, then value columns across the lanes left over
+and the warps.  :func:`layout` predicts that split; a config is kept when
+
+* its lanes and warps all land on keys and value columns (none left over for
+  the rows of a block, which would turn picking a row into a cross-thread
+  reduction) -- lanes may, for tiny d, when BV is already as large as d allows;
+* each thread owns at most two value columns (each column repeats the row
+  loads), and the prefetched blocks fit in registers.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from ..configs import KernelSpace
 from ._util import elem_bytes
 
 _MIN_BV = 4
+_MAX_REGS = 200  # ptxas keeps ~30 registers for addresses and predicates on top of this estimate
 
 
 def key_tile(r: int) -> int:
@@ -25,15 +30,30 @@ def key_tile(r: int) -> int:
     return triton.next_power_of_2(int(r))
 
 
-def columns_per_thread(cfg, args) -> float:
-    """Value columns each thread owns in the layout the row loads give the state."""
-    bk = key_tile(args["R"])
-    vec = 16 // elem_bytes(args)                 # keys in one 16-byte load
-    lanes_k = min(32, max(1, bk // vec))
-    lanes_v = 32 // lanes_k
-    warps_k = min(cfg["num_warps"], max(1, bk // (vec * 32)))
-    warps_v = cfg["num_warps"] // warps_k
-    return cfg["BV"] / (lanes_v * warps_v)
+def layout(cfg, args) -> dict:
+    """How the [BT, BK, BV] row blocks (and the state) are spread over a program.
+
+    Returns the lanes and warps along keys, values and rows, and the value
+    columns per thread.
+    """
+    bk, bv, warps = key_tile(args["R"]), cfg["BV"], cfg["num_warps"]
+    vec = min(bk, 16 // elem_bytes(args))                  # keys per thread (one 16-byte load)
+    lanes_k = min(32, bk // vec)
+    lanes_v = min(32 // lanes_k, bv)
+    lanes_t = 32 // (lanes_k * lanes_v)
+    warps_k = min(warps, bk // (vec * lanes_k))
+    warps_v = min(warps // warps_k, max(1, bv // lanes_v))
+    warps_t = warps // (warps_k * warps_v)
+    return dict(vec=vec, lanes_k=lanes_k, lanes_v=lanes_v, lanes_t=lanes_t, warps_k=warps_k,
+                warps_v=warps_v, warps_t=warps_t, cols=max(1, bv // (lanes_v * warps_v)))
+
+
+def registers(cfg, args) -> float:
+    """32-bit registers per thread for the state and two blocks of rows (current and next)."""
+    lay = layout(cfg, args)
+    state = lay["vec"] * lay["cols"]
+    row = 2 * state * elem_bytes(args) / 4 + lay["cols"]  # b and c (packed), v
+    return state + 2 * cfg["BT"] * row
 
 
 def _bv_cap(args) -> int:
@@ -43,25 +63,30 @@ def _bv_cap(args) -> int:
 def _fwd_fits(cfg, args) -> bool:
     if cfg["BV"] > _bv_cap(args):
         return False
-    cols = columns_per_thread(cfg, args)
-    # idle threads are only acceptable when the value dimension is too small for the warps
-    if cols < 1 and cfg["BV"] < _bv_cap(args):
+    lay = layout(cfg, args)
+    if lay["warps_t"] > 1 or (lay["lanes_t"] > 1 and cfg["BV"] < _bv_cap(args)):
         return False
-    state_per_thread = key_tile(args["R"]) * cfg["BV"] / (32 * cfg["num_warps"])
-    return cols <= 4 and state_per_thread <= 64
+    return lay["cols"] <= 2 and registers(cfg, args) <= _MAX_REGS
 
+
+def _fwd_smem(cfg, args) -> int:
+    # relayouts through shared memory: the initial and final state, then the output tile of a block
+    return max(key_tile(args["R"]) * cfg["BV"] * 4, cfg["BT"] * cfg["BV"] * elem_bytes(args))
+
+
+_AXES = dict(BT=[4, 8], BV=[4, 8, 16, 32, 64], num_warps=[1, 2, 4, 8], num_stages=[1])
 
 FWD = KernelSpace(
     name="causal_dot_product.fwd",
     axes={
-        "default": dict(BT=[4, 8], BV=[4, 8, 16, 32, 64], num_warps=[1, 2, 4], num_stages=[1]),
-        "a6000": dict(BT=[4, 8], BV=[4, 8, 16, 32, 64], num_warps=[1, 2, 4], num_stages=[1]),
-        "a100": dict(BT=[4, 8], BV=[4, 8, 16, 32, 64], num_warps=[1, 2, 4], num_stages=[1]),
-        "ada": dict(BT=[4, 8], BV=[4, 8, 16, 32, 64], num_warps=[1, 2, 4], num_stages=[1]),
-        "h100": dict(BT=[4, 8], BV=[4, 8, 16, 32, 64], num_warps=[1, 2, 4], num_stages=[1]),
-        "h200": dict(BT=[4, 8], BV=[4, 8, 16, 32, 64], num_warps=[1, 2, 4], num_stages=[1]),
+        "default": _AXES,
+        "a6000": _AXES,
+        "a100": _AXES,
+        "ada": _AXES,
+        "h100": _AXES,
+        "h200": _AXES,
     },
-    cpu=dict(BT=4, BV=32, num_warps=4, num_stages=1),
-    smem=lambda cfg, args: cfg["BT"] * cfg["BV"] * 4,
+    cpu=dict(BT=4, BV=64, num_warps=4, num_stages=1),
+    smem=_fwd_smem,
     fits=_fwd_fits,
 )

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One batched run on a GPU machine: restore Triton's cache, install the peers (if their wheels are
+# in .whl/), run the steps asked for, save the cache and logs under $OUT.
+#
+#   OUT=/tmp/out bash perf/gpu_session.sh tests bench_chunked ...
+#
+# Steps: env, warm, tests, tests_quick, bench_decode, bench_chunked, bench_fleet, bench_auto, tune,
+# bench_main.  Each step's output goes to <step>.log (all in $OUT/logs.tgz); a failing step does not
+# stop the others.
+set -u
+OUT=${OUT:-/tmp/leettriton-out}
+LOGS=/tmp/leettriton-logs
+mkdir -p "$OUT" "$LOGS"
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache TRITON_STORE_BINARY_ONLY=1
+mkdir -p "$TRITON_CACHE_DIR"
+for part in .gpucache/triton-cache.tgz*; do
+  [ -f "$part" ] && { cat .gpucache/triton-cache.tgz* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "restored Triton cache"; break; }
+done
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+
+run() {  # run NAME CMD...: time one step, keep its log
+  local name=$1; shift
+  local t0=$(date +%s)
+  echo "=== $name: $*"
+  "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: rc=$rc in $(( $(date +%s) - t0 )) s"
+  tail -n "${TAIL:-25}" "$LOGS/$name.log"
+}
+
+for step in "$@"; do
+  case $step in
+    env) run env bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
+    warm) run warm python3 -m leettriton.autotune.warm --dtypes float16,bfloat16,float32 --workers 16 ;;
+    tests) run tests python3 -m pytest tests -q -x -n 16 --hypothesis-profile=gpu -p no:cacheprovider ;;
+    tests_quick) run tests_quick python3 -m pytest tests -q -n 16 --hypothesis-profile=ci -p no:cacheprovider ;;
+    bench_decode) run bench_decode python3 perf/bench_decode.py --out perf/results ;;
+    bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results ;;
+    bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results ;;
+    bench_auto) run bench_auto python3 perf/bench_auto.py --out perf/results ;;
+    tune) run tune python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --quick --max-minutes "${TUNE_MINUTES:-8}" ;;
+    bench_main) run bench_main python3 -m leettriton.bench --peers --json perf/results/bench_main.json --plot perf/results/bench_main.png ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+
+# results and the heuristic file come back through $OUT (at most 8 files)
+tar czf "$OUT/results.tgz" perf/results leettriton/autotune/heuristics 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$LOGS" .
+tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15m - "$OUT/triton-cache.tgz."
+ls -la "$OUT"

@@ -17,6 +17,18 @@ recursion = _method_function("recursion")
 lightning_attention = _method_function("lightning_attention")
 fleet_attention = _method_function("fleet_attention")
 
+
+
+def benchmark_method(fn, *args, **kwargs):
+    """Check a method of your own against the fp64 oracle, then time it beside ``auto`` and the built-ins.
+
+    See :func:`leettriton.bench.benchmark_method` for the arguments.
+    """
+    from .bench import benchmark_method as _benchmark_method  # on use: `python -m leettriton.bench` stays clean
+
+    return _benchmark_method(fn, *args, **kwargs)
+
+
 if "auto" not in METHODS:
     METHODS.append("auto")
 
@@ -24,6 +36,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "linear_attention", "decode_step", "reference", "register_method", "METHODS", "causal_linear_decoder",
-    "load_heuristics",
+    "load_heuristics", "benchmark_method",
     "vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention", "fleet_attention",
 ]

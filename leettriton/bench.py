@@ -15,7 +15,8 @@ float16 by default (``--dtype``).  Each cell reports
   positions are checked); the row's ``err_scope`` says which, e.g. ``b1/16 h20/32``;
 * ``OOM`` where memory runs out, ``n/a`` for a method that is not implemented,
   ``skipped`` for the larger n of a method once one of its cells took longer than
-  the cell budget (``--budget-s``, 2 s by default).
+  the cell budget (``--budget-s``, 2 s by default) or is predicted, from its smaller
+  n, to take more than five budgets.
 
 Decay: γ_h = 1 − 2^(−5 − 3·h/(H−1)) for head h of H (:func:`decay_gammas`), which spans
 0.969 … 0.996 as in BASELINES.md (RetNet's choice stretched over the heads).  Inputs are
@@ -61,7 +62,9 @@ from .reference import reference
 __all__ = [
     "benchmark_method", "main", "time_ms", "copy_bandwidth", "memory_floor_ms", "environment", "make_inputs",
     "decay_gammas", "peers", "peer_decode", "rel_error", "measure", "write_results", "write_csv", "format_tables",
-    "gpu_slug", "parse_dtype", "markdown_table", "dtype_name", "error_subset", "oracle", "TOLERANCES", "ROW_FIELDS",
+    "gpu_slug", "parse_dtype", "markdown_table", "dtype_name", "error_subset", "oracle", "Oracle", "Measurement",
+    "Prepared", "Entry", "method_entry", "peer_entry", "user_entry", "run_grid", "default_device", "default_methods",
+    "free_memory", "sync", "plot", "DeviceFailure", "TOLERANCES", "TF32_TOLERANCE", "ROW_FIELDS", "CHUNKED_PEERS",
 ]
 
 PAPER_SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
@@ -203,11 +206,21 @@ _FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "device
 
 
 class DeviceFailure(RuntimeError):
-    """The CUDA context is unusable after a kernel fault: later cells cannot be measured."""
+    """The CUDA context is unusable after a kernel fault: later cells cannot be measured.
+
+    Raised out of :func:`run_grid` with ``rows``: the rows measured before the fault.
+    """
+
+    rows: list = []
 
 
 def _is_fatal(exc: BaseException) -> bool:
     return any(m in str(exc).lower() for m in _FATAL_MARKERS)
+
+
+def _oom_text(exc: BaseException) -> str:
+    m = re.search(r"Tried to allocate [\d.]+ [KMGT]?i?B", str(exc))
+    return m.group(0).lower() if m else _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -596,8 +609,11 @@ def measure(prepare: Callable[[], Callable[[], Any]], *, to_bhnd: Optional[Calla
     device = _device(device)
     result = Measurement("error")
     fatal = None
+    stage = "preparing the inputs"
+    fn = out = None
     try:
         fn = prepare()
+        stage = "running"
         if to_bhnd is None:
             to_bhnd = getattr(fn, "to_bhnd", lambda o: o)
         sync(device)
@@ -607,7 +623,7 @@ def measure(prepare: Callable[[], Callable[[], Any]], *, to_bhnd: Optional[Calla
         cold_ms = (time.perf_counter() - t0) * 1e3
         if check is not None:
             result.rel_err = check.error(to_bhnd(out))
-        del out
+        out = None
         if not timed:
             pass
         elif cold_budget_ms is not None and cold_ms > cold_budget_ms:
@@ -624,12 +640,12 @@ def measure(prepare: Callable[[], Callable[[], Any]], *, to_bhnd: Optional[Calla
         result = Measurement("n/a", note=_first_line(exc))
     except Exception as exc:  # noqa: BLE001  (one failing cell must not end the run)
         if _is_oom(exc):
-            result = Measurement("OOM", note=_first_line(exc))
+            result = Measurement("OOM", note=f"while {stage}: {_oom_text(exc)}")
         else:
             result = Measurement("error", note=_first_line(exc))
             if _is_fatal(exc):
                 fatal = _first_line(exc)
-    fn = None  # noqa: F841  (drop the prepared inputs before freeing)
+    fn = out = None  # noqa: F841  (drop the prepared inputs and the output before freeing)
     if result.status in ("OOM", "error"):
         free_memory()
     if fatal is not None:
@@ -650,8 +666,8 @@ class Entry:
     note: str = ""
 
 
-def method_entry(name: str) -> Entry:
-    """An :class:`Entry` calling ``linear_attention(b, c, v, gamma, method=name)``."""
+def method_entry(name: str, label: Optional[str] = None) -> Entry:
+    """An :class:`Entry` calling ``linear_attention(b, c, v, gamma, method=name)``, shown as ``label``."""
     name = api.canonical_method(name)
     kind = "auto" if name == "auto" else ("torch" if name.endswith("_torch") else
                                           ("triton" if name in BUILTIN_METHODS else "user"))
@@ -659,7 +675,7 @@ def method_entry(name: str) -> Entry:
     def make(b, c, v, gamma):
         return lambda: linear_attention(b, c, v, gamma, method=name)
 
-    return Entry(name, kind, make)
+    return Entry(label or name, kind, make, note="" if label in (None, name) else f"runs {name}")
 
 
 def peer_entry(name: str, factory: Callable) -> Entry:
@@ -694,6 +710,10 @@ def _auto_choice(b, c, v, gamma) -> str:
         return f"auto → ? ({_first_line(exc)})"
 
 
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
 def _fmt_ms(ms: Optional[float]) -> str:
     if ms is None:
         return "—"
@@ -704,22 +724,46 @@ def _fmt_ms(ms: Optional[float]) -> str:
     return f"{ms:.3f} ms"
 
 
+PREDICT_FACTOR = 5.0
+"""A cell predicted to take longer than this many budgets is skipped without being run."""
+
+
+def _predicted_ms(history: Sequence[tuple], n: int) -> float:
+    """Time at ``n`` extrapolated from the last two (n, ms) points, growth exponent clamped to [1, 2].
+
+    With one point, linear growth (every method is at least linear in n); with none, 0.
+    """
+    if not history:
+        return 0.0
+    n1, t1 = history[-1]
+    alpha = 1.0
+    if len(history) >= 2:
+        n0, t0 = history[-2]
+        if n1 > n0 and t0 > 0 and t1 > 0:
+            alpha = min(2.0, max(1.0, math.log(t1 / t0) / math.log(n1 / n0)))
+    return t1 * (n / n1) ** alpha if n > n1 else t1
+
+
 def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[int], seqlens: Sequence[int],
              decays: Sequence[bool], heads: int, r: int, d: int, device=None, gamma=None, check: bool = True,
              budget_s: float = 2.0, warmup_ms: float = 25, rep_ms: float = 100, bandwidth: Optional[float] = None,
-             seed: int = 0, log: Callable[[str], None] = print) -> list[dict]:
+             seed: int = 0, log: Optional[Callable[[str], None]] = None) -> list[dict]:
     """Measure every entry on every cell of the grid; one result row (:data:`ROW_FIELDS`) per cell.
 
     For each dtype, batch and n the inputs are made once; for each decay the oracle is
     computed once (on :func:`error_subset`) and shared by the entries.  Once an entry's
     cell takes longer than ``budget_s``, its larger n (same dtype, batch and decay) are
-    ``skipped``.  ``gamma`` replaces :func:`decay_gammas` for the decayed cells (a float
-    or a ``(heads,)`` tensor).  One progress line per cell goes to ``log``.
+    ``skipped``; so is a cell whose time, extrapolated from the entry's two previous
+    cells (:func:`_predicted_ms`), exceeds ``PREDICT_FACTOR × budget_s``.  ``gamma``
+    replaces :func:`decay_gammas` for the decayed cells (a float or a ``(heads,)``
+    tensor).  One progress line per cell goes to ``log``.
     """
     device = _device(device)
+    log = log or _print
     bandwidth = bandwidth or copy_bandwidth(device)
     rows: list[dict] = []
     over_budget: dict[tuple, str] = {}
+    history: dict[tuple, list] = {}
     total = len(dtypes) * len(batches) * len(seqlens) * len(decays) * len(entries)
     count = 0
     for dt in dtypes:
@@ -733,7 +777,7 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                     if not _is_oom(exc):
                         raise
                     b = c = v = None
-                    inputs_note = f"inputs do not fit ({_first_line(exc)})"
+                    inputs_note = f"inputs do not fit ({_oom_text(exc)})"
                     free_memory()
                 for decay in decays:
                     g = None
@@ -763,11 +807,23 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                             m = Measurement("OOM", note=inputs_note)
                         elif key in over_budget:
                             m = Measurement("skipped", note=over_budget[key])
+                        elif _predicted_ms(history.get(key, []), n) > PREDICT_FACTOR * budget_s * 1e3:
+                            pred = _predicted_ms(history[key], n)
+                            over_budget[key] = (f"predicted ~{pred / 1e3:.0f} s at n = {n} from the smaller n "
+                                                f"(> {PREDICT_FACTOR:g} × budget {budget_s:g} s)")
+                            m = Measurement("skipped", note=over_budget[key])
                         else:
                             cold = budget_s * 1e3 if entry.kind in ("torch", "user") else None
-                            m = measure(lambda: entry.make(b, c, v, g), check=orc, tol=tol, device=device,
-                                        warmup_ms=warmup_ms, rep_ms=rep_ms, budget_ms=budget_s * 1e3,
-                                        cold_budget_ms=cold)
+                            try:
+                                m = measure(lambda: entry.make(b, c, v, g), check=orc, tol=tol, device=device,
+                                            warmup_ms=warmup_ms, rep_ms=rep_ms, budget_ms=budget_s * 1e3,
+                                            cold_budget_ms=cold)
+                            except DeviceFailure as exc:
+                                exc.rows = rows          # what was measured before the fault
+                                log(f"{entry.label} at {dtype_name(dt)} batch {batch} n {n}: {exc}")
+                                raise
+                            if m.median_ms is not None:
+                                history.setdefault(key, []).append((n, m.median_ms))
                             if m.median_ms is not None and m.median_ms > budget_s * 1e3:
                                 over_budget[key] = f"n = {n} took {m.median_ms / 1e3:.1f} s > budget {budget_s:g} s"
                             if entry.kind == "auto" and m.status in ("ok", "WRONG"):
@@ -884,7 +940,7 @@ def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
                     e = row["rel_err"]
                     txt = "NaN/inf" if math.isnan(e) else f"{e:.1e}"
                     if row["status"] == "WRONG":
-                        txt += f" WRONG (> {row['tol']:.0e})"
+                        txt += f" WRONG (> {row['tol']:.0e})" if row.get("tol") else " WRONG"
                     line.append(txt)
                     if row["err_scope"] and row["err_scope"] != "all":
                         scopes.add(f"n = {n}: {row['err_scope']}")
@@ -893,8 +949,8 @@ def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
         out.append(markdown_table(["rel. error"] + [f"n = {n}" for n in ns], ebody))
         if scopes:
             out.append("\nError computed on a subset of (batch, head) pairs: " + ", ".join(sorted(scopes)) + ".")
-        notes = sorted({f"{row['method']} n = {row['n']}: {row['note']}" for row in grp
-                        if row["note"] and row["status"] not in ("n/a",)})
+        notes = [f"{m} n = {n}: {cell[(m, n)]['note']}" for m in methods for n in ns
+                 if (m, n) in cell and cell[(m, n)]["note"] and cell[(m, n)]["status"] != "n/a"]
         if notes:
             out.append("\nNotes:\n" + "\n".join(f"- {x}" for x in notes))
         out.append("")
@@ -1044,7 +1100,7 @@ def benchmark_method(fn: Callable, device="cuda", dtype="float16", batch_size: i
         ...     return leettriton.linear_attention(b, c, v, gamma, method="block_based")
         >>> rows = leettriton.benchmark_method(mine, dtype="float16", batch_size=16)
     """
-    log = print if verbose else (lambda _s: None)
+    log = _print if verbose else (lambda _s: None)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         log("benchmark_method: no CUDA device here; running on the CPU with the PyTorch methods")
@@ -1141,7 +1197,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the error against the fp64 oracle")
     p.add_argument("--device", help="cuda or cpu (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="FILE", help="write the rows and run header as JSON (and the tables beside it as .md)")
+    p.add_argument("--json", metavar="FILE", help="write the rows and run header as JSON, and the tables beside "
+                   "it as .md")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV with the run header as # lines")
     p.add_argument("--plot", metavar="FILE.png", help="latency against n, log-log, per method (needs matplotlib)")
     return p
@@ -1152,7 +1209,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     args = _parser().parse_args(argv)
     device = _device(args.device)
     kind = "cuda" if device.type == "cuda" else "cpu"
-    log = (lambda s: print(s, flush=True))
+    log = _print
     dtypes = [parse_dtype(x) for x in args.dtype.split(",") if x]
 
     if args.quick:
@@ -1194,8 +1251,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     meta["copy_bandwidth_gbs"] = round(bw / 1e9, 1)
     meta.update(grid=dict(dtypes=[dtype_name(x) for x in dtypes], batches=list(batches), seqlens=list(seqlens),
                           decays=decays, heads=heads, r=r, d=d),
-                decay_formula="gamma_h = 1 - 2^(-5 - 3*h/(H-1))", timing=f"do_bench median, rep {rep_ms:g} ms, "
-                f"warm-up {args.warmup_ms:g} ms, one warm call first", budget_s=args.budget_s,
+                decay_formula="gamma_h = 1 - 2^(-5 - 3*h/(H-1))",
+                timing=(f"triton.testing.do_bench median, rep {rep_ms:g} ms, warm-up {args.warmup_ms:g} ms"
+                        if kind == "cuda" else f"wall-clock median over >= {rep_ms:g} ms") + ", one warm call first",
+                budget_s=args.budget_s,
                 err_max_rows=ERR_MAX_ROWS, peers=notes)
     log(f"{meta['device']}  copy bandwidth {bw / 1e9:.1f} GB/s  torch {meta['torch']}  triton {meta['triton']}  "
         f"git {str(meta['git_sha'])[:10]}")
@@ -1214,7 +1273,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
                             warmup_ms=args.warmup_ms, rep_ms=rep_ms, bandwidth=bw, seed=args.seed, log=log)
         except DeviceFailure as exc:
             failure = str(exc)
-            log(f"stopping: the CUDA context is unusable after a kernel fault ({failure})")
+            rows = exc.rows
+            log(f"stopping: the CUDA context is unusable after a kernel fault ({failure}); the tables below hold "
+                f"what was measured before it")
+            meta["stopped_early"] = failure
     log("")
     log(format_tables(rows, meta=meta))
     if args.json:

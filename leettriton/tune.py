@@ -27,6 +27,7 @@ from .api import BUILTIN_METHODS, make_problem, run_problem
 from .autotune import KERNELS, chosen_config, current_family, recording
 from .autotune.families import FAMILIES
 from .autotune.heuristics import FORMAT, default_path
+from .bench import decay_gammas
 
 GRIDS = {
     "full": dict(dtype=["float16", "bfloat16", "float32"], decay=[True, False],
@@ -37,12 +38,6 @@ GRIDS = {
 }
 SLOWER_THAN_BEST_TO_DROP = 30.0  # a method this many times slower than the best is not run at larger n
 MEMORY_FRACTION = 0.45           # points whose inputs and output would exceed this share of memory are skipped
-
-
-def decay_gammas(heads: int) -> torch.Tensor:
-    """One γ per head, spread as in RetNet (1 − 2^(−5 − h·3/(H−1))): from 0.969 to 0.996."""
-    h = torch.arange(heads, dtype=torch.float64)
-    return 1 - torch.exp2(-5 - 3 * h / max(heads - 1, 1))
 
 
 def _point_key(p) -> tuple:
@@ -167,7 +162,7 @@ def main(argv=None) -> int:
                 g = torch.Generator(device="cuda").manual_seed(n)
                 b, c = (torch.randn(batch, heads, n, r, device="cuda", dtype=dtype, generator=g) for _ in range(2))
                 v = torch.randn(batch, heads, n, d, device="cuda", dtype=dtype, generator=g)
-                gamma = decay_gammas(heads).to(device="cuda", dtype=torch.float32) if dec else None
+                gamma = decay_gammas(heads, "cuda") if dec else None
                 for method in methods:
                     if method in dropped:
                         point["times_ms"][method] = None

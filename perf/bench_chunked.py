@@ -35,7 +35,7 @@ FLA, LA2 = "fla_chunk_simple_gla", "lightning_attn2"
 
 def run_speed(rep: common.Report, args, dtypes, decays, shapes, heads, r, d, rep_ms) -> None:
     device = rep.device
-    entries = [bench.method_entry(m) for m in OURS]
+    entries = [common.entry(m, device) for m in OURS]
     for name, factory in bench.peers(device, bench.CHUNKED_PEERS, rep.notes).items():
         entries.append(bench.peer_entry(name, factory))
     rows = []
@@ -76,8 +76,9 @@ def run_speed(rep: common.Report, args, dtypes, decays, shapes, heads, r, d, rep
                                None if best is None or device.type != "cuda" else best["ratio"] <= 3.0)
             rep.target(f"best ours vs fla chunk_simple_gla, {dname} {'decay' if decay else 'no decay'} (worst shape)",
                        "—" if not speedups else f"{min(speedups):.2f}× (best {max(speedups):.2f}×)", "≥ 1.5×",
-                       None if not speedups else min(speedups) >= 1.5)
-            rep.section(f"Speed, {dname}, {'with decay' if decay else 'without decay'} — heads {heads}, r = {r}, d = {d}",
+                       None if not speedups or device.type != "cuda" else min(speedups) >= 1.5)
+            kind = "with decay" if decay else "without decay"
+            rep.section(f"Speed, {dname}, {kind} — heads {heads}, r = {r}, d = {d}",
                         ["batch × n", *(e.label for e in entries), "floor ms", "best ours", "fla / best ours",
                          "best ours × floor", "ours max rel err"], body,
                         "Median ms (do_bench, p20/p80 in the JSON rows). 'fla / best ours' > 1 means ours is faster. "
@@ -98,7 +99,7 @@ def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> N
             for name in (*OURS, *peers):
                 if name in OURS:
                     def prepare(name=name):
-                        return lambda: leettriton.linear_attention(b, c, v, g, method=name)
+                        return lambda: leettriton.linear_attention(b, c, v, g, method=common.run_name(name, device))
                     tol = bench.TOLERANCES[dt]
                 else:
                     def prepare(name=name):
@@ -121,7 +122,8 @@ def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> N
             errs = [m.rel_err for m in ms if m.rel_err is not None]
             shown = "NaN/inf" if any(e != e for e in errs) else (f"{max(errs):.1e}" if errs else "—")
             missing = sorted({m.status for m in ms if m.rel_err is None})
-            rep.target(f"precision {name} {bench.dtype_name(dt)} n={n}, worst of γ ∈ {{{', '.join(f'{x:g}' for x in gammas)}}}",
+            over = ", ".join(f"{x:g}" for x in gammas)
+            rep.target(f"precision {name} {bench.dtype_name(dt)} n={n}, worst of γ ∈ {{{over}}}",
                        shown + (f" ({', '.join(missing)})" if missing else ""), f"≤ {bench.TOLERANCES[dt]:.0e}",
                        False if any(m.status in ("WRONG", "error") for m in ms) else
                        (None if missing else True))
@@ -154,10 +156,18 @@ def main(argv=None) -> common.Report:
         dtypes, decays = [torch.float16], [True, False]
         shapes = [(1, 64), (2, 128)]
         pn, pheads = 512, 2
+    failed = None
     with torch.no_grad():
-        run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
-        run_precision(rep, args, [torch.float16, torch.bfloat16, torch.float32], (1.0, 0.999, 0.9), pn, pheads, r, d)
+        try:
+            run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
+            run_precision(rep, args, [torch.float16, torch.bfloat16, torch.float32], (1.0, 0.999, 0.9), pn, pheads,
+                          r, d)
+        except bench.DeviceFailure as exc:
+            rep.rows.extend(exc.rows)
+            failed = common.stopped(rep, exc)
     rep.finish(args.out)
+    if failed:
+        raise SystemExit(1)
     return rep
 
 

@@ -96,7 +96,7 @@ def run_decode(rep: common.Report, args, dtypes, batches, heads, r, d, rep_ms) -
             body.append([bench.dtype_name(dt), batch, common.cell(ours_row),
                          "—" if frac is None else f"{ours_row['bandwidth_gbs']:.0f} GB/s ({frac:.0%})",
                          common.fmt_err(ours_row["rel_err"]), common.cell(peer_row),
-                         "—" if not (peer_row and peer_row["bandwidth_frac"]) else f"{peer_row['bandwidth_frac']:.0%}",
+                         f"{peer_row['bandwidth_frac']:.0%}" if peer_row and peer_row["bandwidth_frac"] else "—",
                          "—" if speed is None else f"{speed:.2f}×", common.fmt_ms(floor)])
             if batch >= 64 or device.type != "cuda":
                 rep.target(f"decode_step {bench.dtype_name(dt)} B={batch}: bandwidth vs copy",
@@ -107,14 +107,15 @@ def run_decode(rep: common.Report, args, dtypes, batches, heads, r, d, rep_ms) -
         f"decode_step: one token, heads {heads}, r = {r}, d = {d}, decay per head",
         ["dtype", "batch", "ours ms", "ours bandwidth (% of copy)", "ours rel err", "fla 1-token ms", "fla % of copy",
          "fla / ours", "floor ms"], body,
-        f"Bytes per step: 2·B·H·r·d·4 (float32 state read + written) + B·H·(2r + d)·e (inputs) + B·H·d·e (output); "
+        f"Bytes per step: 2·B·H·r·d·4 (float32 state read + written) + B·H·(2r + d)·e (inputs) + B·H·d·e "
+        f"(output); "
         f"copy bandwidth {rep.bandwidth / 1e9:.0f} GB/s measured in this run. fla: fused_recurrent_simple_gla on one "
         f"token with initial_state and output_final_state=True (it writes a new state; ours updates in place).")
 
 
 def run_causal(rep: common.Report, args, dtypes, batch, seqlens, heads, r, d, rep_ms) -> None:
     device = rep.device
-    entries = [bench.method_entry("causal_dot_product")]
+    entries = [common.entry("causal_dot_product", device)]
     for name, factory in bench.peers(device, ["fla_fused_recurrent_simple_gla"], rep.notes).items():
         entries.append(bench.peer_entry(name, factory))
     rows = bench.run_grid(entries, dtypes=dtypes, batches=[batch], seqlens=seqlens, decays=[True], heads=heads, r=r,
@@ -159,10 +160,17 @@ def main(argv=None) -> common.Report:
         dtypes = [torch.float16, torch.bfloat16]
         batches = [1, 4]
         cdp_batch, cdp_n = 2, [16, 64]
+    failed = None
     with torch.no_grad():
-        run_decode(rep, args, dtypes, batches, heads, r, d, rep_ms)
-        run_causal(rep, args, dtypes, cdp_batch, cdp_n, heads, r, d, rep_ms)
+        try:
+            run_decode(rep, args, dtypes, batches, heads, r, d, rep_ms)
+            run_causal(rep, args, dtypes, cdp_batch, cdp_n, heads, r, d, rep_ms)
+        except bench.DeviceFailure as exc:
+            rep.rows.extend(exc.rows)
+            failed = common.stopped(rep, exc)
     rep.finish(args.out)
+    if failed:
+        raise SystemExit(1)
     return rep
 
 

@@ -1,6 +1,7 @@
 """Plumbing shared by the perf scripts: arguments, the result folder, the report files.
 
-Every script writes ``perf/results/<gpu>/<name>.json`` and ``<name>.md`` (``<name>.quick.*``
+Every script writes ``perf/results/<gpu>/<name>.json`` and ``<name>.md`` (``--out DIR`` replaces
+``perf/results``; ``<gpu>`` is a slug of the device name such as ``h100``; ``<name>.quick.*``
 for ``--quick`` runs, so a quick run never overwrites a full one), each with the exact
 command, the device, versions, git SHA and date, and prints a short table of its targets
 last.  The measuring itself (timing, memory floor, oracle, peers) is
@@ -25,7 +26,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     """An argument parser with the options every perf script has (``--quick``, ``--out``, ...)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="a short run (on CPU: tiny shapes, PyTorch paths)")
-    p.add_argument("--out", metavar="DIR", help="result folder (default perf/results/<gpu>)")
+    p.add_argument("--out", metavar="DIR", help="results root: files go to DIR/<gpu>/ (default perf/results)")
     p.add_argument("--device", help="cuda or cpu (default: cuda when present)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time in ms (default 100, quick 50)")
     p.add_argument("--budget-s", type=float, default=2.0, help="a cell slower than this is timed once and the "
@@ -113,16 +114,24 @@ class Report:
         self.targets.append([what, measured, goal, verdict(passed)])
 
     def finish(self, out: Optional[str]) -> tuple[str, str]:
-        """Write ``<out>/<name>.json`` and ``.md`` and print the targets table last."""
-        out = out or os.path.join(RESULTS, self.meta["device_slug"])
+        """Write ``<out>/<gpu>/<name>.json`` and ``.md`` and print the targets table last."""
+        out = os.path.join(out or RESULTS, self.meta["device_slug"])
         summary = bench.markdown_table(["target", "measured", "goal", "verdict"], self.targets) if self.targets else \
             "(no targets)"
         body = "\n".join(self.sections) + f"\n## Targets\n\n{summary}\n"
-        jpath, mpath = bench.write_results(self.rows, dict(self.meta, targets=self.targets), os.path.join(out, self.name),
-                                           title=self.title, body=body)
+        jpath, mpath = bench.write_results(self.rows, dict(self.meta, targets=self.targets),
+                                           os.path.join(out, self.name), title=self.title, body=body)
         print(f"\nwrote {jpath} and {mpath}\n", flush=True)
         print(summary, flush=True)
         return jpath, mpath
+
+
+def stopped(rep: "Report", exc: bench.DeviceFailure) -> str:
+    """Record that a kernel fault ended the measurements early (the report keeps what came before)."""
+    rep.note(f"stopped early: the CUDA context is unusable after a kernel fault ({exc}); later measurements "
+             f"are missing")
+    rep.meta["stopped_early"] = str(exc)
+    return str(exc)
 
 
 def find(rows: Sequence[dict], **keys) -> Optional[dict]:
@@ -131,6 +140,19 @@ def find(rows: Sequence[dict], **keys) -> Optional[dict]:
         if all(row.get(k) == v for k, v in keys.items()):
             return row
     return None
+
+
+def run_name(method: str, device) -> str:
+    """The method to run for ``method`` on ``device``: itself on CUDA, its PyTorch version elsewhere.
+
+    (Off the GPU the Triton kernels would run in the interpreter, far too slowly to time.)
+    """
+    return method if torch.device(device).type == "cuda" else f"{method}_torch"
+
+
+def entry(method: str, device) -> bench.Entry:
+    """A :func:`leettriton.bench.method_entry` labelled ``method`` that runs :func:`run_name`."""
+    return bench.method_entry(run_name(method, device), label=method)
 
 
 def device_of(args) -> torch.device:

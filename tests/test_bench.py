@@ -1,0 +1,326 @@
+"""The benchmark tools: ``python -m leettriton.bench``, ``benchmark_method``, the helpers, the perf scripts.
+
+Everything here runs the PyTorch methods on tiny shapes (on a GPU too: ``--device cpu``),
+so it checks the tools' logic -- statuses, files, flags -- not any speed.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import time
+
+import pytest
+import torch
+
+import leettriton
+from leettriton import bench
+
+PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "perf")
+TINY = ["--device", "cpu", "--heads", "2", "--r", "8", "--d", "8"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny shapes gain nothing from threads, and a busy machine makes them slow."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --------------------------------------------------------------------------- stand-in methods
+
+def _ignores_decay(b, c, v, gamma, *, initial_state=None, return_state=False, precision="ieee"):
+    return leettriton.linear_attention(b, c, v, None, method="vanilla_torch")
+
+
+def _not_implemented(b, c, v, gamma, **_):
+    raise NotImplementedError("not written yet")
+
+
+def _out_of_memory(b, c, v, gamma, **_):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity ...")
+
+
+def _raises(b, c, v, gamma, **_):
+    raise ValueError("broken kernel")
+
+
+def _kernel_fault(b, c, v, gamma, **_):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def _slow(b, c, v, gamma, **_):
+    time.sleep(0.2)
+    return leettriton.linear_attention(b, c, v, gamma, method="vanilla_torch")
+
+
+STAND_INS = {"bench_test_wrong": _ignores_decay, "bench_test_na": _not_implemented, "bench_test_oom": _out_of_memory,
+             "bench_test_error": _raises, "bench_test_slow": _slow, "bench_test_fault": _kernel_fault}
+
+
+@pytest.fixture
+def register():
+    """Registers methods for one test and removes them after (other test modules list every method)."""
+    added = []
+
+    def add(name, fn):
+        leettriton.register_method(name, fn)
+        added.append(name)
+
+    for name, fn in STAND_INS.items():
+        add(name, fn)
+    yield add
+    for name in added:
+        leettriton.api._USER.pop(name, None)
+        while name in leettriton.METHODS:
+            leettriton.METHODS.remove(name)
+
+
+def _by(rows, **keys):
+    return [r for r in rows if all(r[k] == v for k, v in keys.items())]
+
+
+# --------------------------------------------------------------------------- python -m leettriton.bench
+
+def test_main_quick_statuses_and_files(tmp_path, register):
+    methods = "vanilla_torch,bench_test_wrong,bench_test_na,bench_test_oom,bench_test_error"
+    out = tmp_path / "res" / "bench.json"
+    rows = bench.main(["--quick", *TINY, "--decay", "both", "--batch", "1,2", "--n", "16,40", "--methods", methods,
+                       "--json", str(out), "--csv", str(tmp_path / "bench.csv"), "--plot", str(tmp_path / "p.png")])
+    assert len(rows) == 5 * 2 * 2 * 2                                   # methods × batches × n × decays
+    assert {tuple(sorted(r)) for r in rows} == {tuple(sorted(bench.ROW_FIELDS))}
+
+    for r in _by(rows, method="vanilla_torch"):
+        assert r["status"] == "ok", r
+        assert r["correct"] is True and r["rel_err"] <= bench.TOLERANCES[torch.float16], r
+        assert r["err_scope"] == "all"
+        assert 0 < r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
+        assert r["floor_ms"] > 0 and math.isclose(r["ratio"], r["median_ms"] / r["floor_ms"])
+        assert (r["dtype"], r["heads"], r["r"], r["d"]) == ("float16", 2, 8, 8)
+    wrong = _by(rows, method="bench_test_wrong")
+    assert all(r["status"] == "WRONG" and r["correct"] is False for r in _by(wrong, decay=True))
+    assert all(r["status"] == "ok" and r["correct"] is True for r in _by(wrong, decay=False))   # no decay: right
+    assert all(r["status"] == "n/a" and r["median_ms"] is None for r in _by(rows, method="bench_test_na"))
+    oom = _by(rows, method="bench_test_oom")
+    assert all(r["status"] == "OOM" and "1.50 gib" in r["note"] for r in oom)
+    err = _by(rows, method="bench_test_error")
+    assert all(r["status"] == "error" and "broken kernel" in r["note"] for r in err)
+
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == json.loads(json.dumps(rows))
+    for key in ("device", "torch", "triton", "date", "git_sha", "copy_bandwidth_gbs", "command", "grid"):
+        assert key in saved["meta"]
+    assert saved["meta"]["device"] == "cpu" and saved["meta"]["copy_bandwidth_gbs"] > 0
+    md = out.with_suffix(".md").read_text()
+    assert "### float16, batch 2, with decay" in md and "### float16, batch 1, without decay" in md
+    assert "WRONG" in md and "OOM" in md and "n/a" in md
+
+    lines = (tmp_path / "bench.csv").read_text().splitlines()
+    header = [x for x in lines if x.startswith("#")]
+    assert any(x.startswith("# device: cpu") for x in header)
+    table = list(csv.DictReader([x for x in lines if not x.startswith("#")]))
+    assert len(table) == len(rows) and list(table[0]) == bench.ROW_FIELDS
+
+
+def test_main_time_budget_skips_larger_n(register):
+    rows = bench.main([*TINY, "--methods", "bench_test_slow,vanilla_torch", "--decay", "on", "--batch", "1",
+                       "--n", "16,32,48", "--budget-s", "0.1", "--rep-ms", "5"])
+    slow = sorted(_by(rows, method="bench_test_slow"), key=lambda r: r["n"])
+    assert slow[0]["status"] == "ok" and slow[0]["median_ms"] >= 200 and "timed once" in slow[0]["note"]
+    assert [r["status"] for r in slow[1:]] == ["skipped", "skipped"]
+    assert all("budget" in r["note"] for r in slow[1:])
+    assert [r["status"] for r in _by(rows, method="vanilla_torch")] == ["ok"] * 3   # others go on
+
+
+def test_predicted_time_skips_a_cell_without_running_it(register):
+    calls = []
+
+    def quadratic(b, c, v, gamma, **_):
+        n = b.shape[2]
+        calls.append(n)
+        time.sleep((n / 16) ** 2 * 2e-3)                 # 2 ms at n = 16, 8 ms at n = 32
+        return leettriton.linear_attention(b, c, v, gamma, method="vanilla_torch")
+
+    register("bench_test_quadratic", quadratic)
+    rows = bench.main([*TINY, "--methods", "bench_test_quadratic", "--decay", "on", "--batch", "1",
+                       "--n", "16,32,2048", "--budget-s", "0.05", "--rep-ms", "5"])
+    assert [r["status"] for r in rows] == ["ok", "ok", "skipped"]
+    assert "predicted" in rows[2]["note"] and 2048 not in calls       # ≥ 8 ms × 64 > 5 budgets
+    assert bench._predicted_ms([(16, 1.0), (32, 4.0)], 512) == pytest.approx(1024.0)       # quadratic
+    assert bench._predicted_ms([(16, 1.0), (32, 1.0)], 64) == pytest.approx(2.0)           # at least linear
+    assert bench._predicted_ms([(16, 1.0), (32, 100.0)], 64) == pytest.approx(400.0)       # at most quadratic
+    assert bench._predicted_ms([], 64) == 0.0
+
+
+def test_main_stops_after_a_kernel_fault_and_keeps_what_it_measured(tmp_path, register):
+    out = tmp_path / "bench.json"
+    with pytest.raises(SystemExit) as stop:
+        bench.main([*TINY, "--methods", "vanilla_torch,bench_test_fault", "--decay", "on", "--batch", "1",
+                    "--n", "16,32", "--rep-ms", "5", "--json", str(out)])
+    assert stop.value.code == 1
+    saved = json.loads(out.read_text())
+    assert [(r["method"], r["n"], r["status"]) for r in saved["rows"]] == [("vanilla_torch", 16, "ok")]
+    assert "illegal memory access" in saved["meta"]["stopped_early"]
+
+
+def test_main_rejects_unknown_method():
+    with pytest.raises(ValueError, match="unknown method"):
+        bench.main([*TINY, "--methods", "no_such_method", "--n", "16"])
+
+
+# --------------------------------------------------------------------------- benchmark_method
+
+def _kwargs():
+    return dict(device="cpu", dtype="float32", batch_size=2, heads=2, rank=8, dim=8, seqlens=(16, 48),
+                methods=["vanilla_torch"], verbose=False)
+
+
+def test_benchmark_method_flags_a_method_that_ignores_the_decay():
+    def ignores_decay(b, c, v, gamma):
+        return leettriton.linear_attention(b, c, v, None, method="vanilla_torch")
+
+    rows = bench.benchmark_method(ignores_decay, **_kwargs())
+    mine = _by(rows, method="yours: ignores_decay")
+    assert len(mine) == 2
+    assert all(r["status"] == "WRONG" and r["check_ok"] is False and r["check_rel_err"] > 1e-3 for r in mine)
+    assert all(r["median_ms"] is not None for r in mine)                        # timed anyway
+    assert [r["status"] for r in _by(rows, method="vanilla_torch")] == ["ok", "ok"]
+
+
+def test_benchmark_method_accepts_a_right_method():
+    def right(b, c, v, gamma):
+        assert gamma is not None and tuple(gamma.shape) == (2,)
+        return leettriton.linear_attention(b, c, v, gamma, method="vanilla_torch")
+
+    rows = bench.benchmark_method(right, **_kwargs())
+    mine = _by(rows, method="yours: right")
+    assert len(mine) == 2
+    assert all(r["status"] == "ok" and r["check_ok"] is True and r["check_rel_err"] <= 1e-5 for r in mine)
+    assert all(r["correct"] is True for r in mine)
+
+
+def test_benchmark_method_without_decay_passes_none():
+    seen = []
+
+    def plain(b, c, v, gamma):
+        seen.append(gamma)
+        return leettriton.linear_attention(b, c, v, method="vanilla_torch")
+
+    rows = bench.benchmark_method(plain, is_weight_decay=False, **_kwargs())
+    assert seen and all(g is None for g in seen)
+    assert all(r["status"] == "ok" and r["decay"] is False for r in _by(rows, method="yours: plain"))
+
+
+# --------------------------------------------------------------------------- helpers
+
+def test_decay_gammas_span_the_baselines_range():
+    g = bench.decay_gammas(32)
+    assert g.shape == (32,) and g.dtype == torch.float32
+    assert g[0].item() == pytest.approx(1 - 2 ** -5) and g[-1].item() == pytest.approx(1 - 2 ** -8)
+    assert bool((g[1:] > g[:-1]).all())
+    assert bench.decay_gammas(1).tolist() == pytest.approx([1 - 2 ** -5])
+
+
+def test_error_subset_bounds_the_oracle():
+    assert bench.error_subset(2, 4, 100) == ([0, 1], [0, 1, 2, 3], "all")
+    bi, hi, scope = bench.error_subset(16, 32, 100000)
+    assert len(bi) * len(hi) * 100000 <= bench.ERR_MAX_ROWS
+    assert bi == [0] and hi[0] == 0 and hi[-1] == 31 and scope == f"b1/16 h{len(hi)}/32"
+    bi, hi, _ = bench.error_subset(16, 32, 8192)
+    assert len(bi) * len(hi) * 8192 <= bench.ERR_MAX_ROWS and len(hi) == 32 and bi[0] == 0 and bi[-1] == 15
+
+
+def test_oracle_on_a_subset_matches_the_full_reference():
+    b, c, v = bench.make_inputs(3, 4, 20, 5, 6, torch.float32, "cpu")
+    g = bench.decay_gammas(4)
+    orc = bench.oracle(b, c, v, g, max_rows=2 * 2 * 20)
+    full = leettriton.reference(b, c, v, g)
+    assert orc.scope != "all"
+    sub = full[orc.bi][:, orc.hi]
+    assert torch.equal(orc.ref, sub)
+    assert orc.error(full) == 0.0
+
+
+def test_make_inputs_are_random_and_seeded():
+    b, c, v = bench.make_inputs(1, 2, 8, 4, 3, torch.float16, "cpu", seed=3)
+    assert b.shape == (1, 2, 8, 4) and v.shape == (1, 2, 8, 3) and b.dtype == torch.float16
+    assert bool((c != 0).all()) and c.float().std() > 0.5
+    assert torch.equal(b, bench.make_inputs(1, 2, 8, 4, 3, torch.float16, "cpu", seed=3)[0])
+    assert bench.make_inputs(1, 2, 8, 4, 3, torch.float32, "cpu", layout="bnhd")[0].shape == (1, 8, 2, 4)
+
+
+def test_rel_error_and_nan():
+    ref = torch.ones(4, dtype=torch.float64)
+    assert bench.rel_error(torch.full((4,), 1.5), ref) == pytest.approx(0.5)
+    assert math.isnan(bench.rel_error(torch.tensor([1.0, float("nan"), 1.0, 1.0]), ref))
+    assert math.isnan(bench.rel_error(torch.tensor([1.0, float("inf"), 1.0, 1.0]), ref))
+
+
+def test_memory_floor_and_slug():
+    # b, c (r = 128) and v, o (d = 64) in fp16, at 1e12 B/s
+    ms = bench.memory_floor_ms(2, 3, 1000, 128, 64, torch.float16, 1e12)
+    assert ms == pytest.approx(2 * 3 * 1000 * (2 * 128 + 2 * 64) * 2 / 1e12 * 1e3)
+    assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert bench.gpu_slug("NVIDIA H200") == "h200"
+    assert bench.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert bench.gpu_slug("NVIDIA RTX A6000") == "rtx-a6000"
+
+
+def test_time_ms_quantiles_and_budget():
+    med, p20, p80 = bench.time_ms(lambda: time.sleep(0.002), rep_ms=20, device="cpu")
+    assert 2.0 <= p20 <= med <= p80
+    calls = []
+    med, p20, p80 = bench.time_ms(lambda: (calls.append(1), time.sleep(0.02)), max_call_ms=5, device="cpu")
+    assert len(calls) == 2 and med == p20 == p80 >= 20                          # warm call + one timed call
+
+
+def test_write_results_round_trip(tmp_path):
+    rows = [dict.fromkeys(bench.ROW_FIELDS) | dict(method="m", dtype="float16", batch=1, heads=2, n=16, r=4, d=4,
+                                                 decay=True, floor_ms=1.0, rel_err=float("nan"), status="WRONG")]
+    jpath, mpath = bench.write_results(rows, {"device": "cpu", "notes": ["a note"]}, str(tmp_path / "x.json"))
+    data = json.loads(open(jpath).read())
+    assert data["rows"][0]["rel_err"] is None and data["meta"]["device"] == "cpu"
+    assert "a note" in open(mpath).read()
+
+
+def test_peers_off_cuda_say_why():
+    notes = []
+    assert bench.peers("cpu", notes=notes) == {}
+    assert len(notes) == 3 and all("needs a CUDA device" in x for x in notes)
+    assert bench.peer_decode("cpu") is None
+
+
+def test_environment_has_no_host_name():
+    env = bench.environment("cpu")
+    import socket
+
+    host = socket.gethostname()
+    assert all(host not in str(value).split() for value in env.values())
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__
+
+
+# --------------------------------------------------------------------------- perf scripts
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(f"perf_{name}", os.path.join(PERF, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion"])
+def test_perf_script_quick_on_cpu(name, tmp_path):
+    rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])
+    jpath = tmp_path / "cpu" / f"{name}.quick.json"
+    data = json.loads(jpath.read_text())
+    assert data["meta"]["command"].startswith(f"python perf/{name}.py --quick")
+    assert data["meta"]["device"] == "cpu" and data["rows"] and data["meta"]["targets"]
+    md = (tmp_path / "cpu" / f"{name}.quick.md").read_text()
+    assert "## Targets" in md and "No CUDA device" in md
+    statuses = {r["status"] for r in rep.rows}
+    assert statuses <= {"ok", "n/a"}, statuses            # tiny shapes: nothing wrong, nothing out of memory
+    assert all(t[3] != "FAIL" for t in rep.targets), rep.targets

@@ -1,8 +1,8 @@
 """PyTorch versions of the six methods: the CPU path, and the "PyTorch" column of the benchmarks.
 
 Each ``<method>_torch(p, config=None)`` fills ``p.out`` (and ``p.state``) for a
-:class:`~leettriton.api.Problem` with the same algorithm as the Triton kernel of
-that name, written with device-agnostic batched tensor operations: every
+:class:`~leettriton.api.Problem` with the algorithm of the method of that
+name (DESIGN §3), written with device-agnostic batched tensor operations: every
 operation is vectorised over batch and heads, Python loops only walk blocks of
 the sequence (never batch, heads or single rows), and nothing synchronises with
 the host, so the same code runs on CPU and CUDA tensors.
@@ -38,9 +38,10 @@ __all__ = [
 _BUDGET = 1 << 24
 """float32 elements (64 MiB) in the largest temporary of one step, over all batch elements and heads."""
 _VANILLA_ROWS = 1024    # vanilla: output rows per step (fewer when batch · heads is large)
-_SCAN_ROWS = 64         # causal_dot_product: time rows per block of prefix sums
-_FLEET_ROWS = 64        # fleet_attention: rows per block of the relative-decay matrix
-_CHUNK = 128            # lightning_attention and block_based: chunk length
+_SCAN_ROWS = 16         # causal_dot_product: time rows per block of prefix sums
+_FLEET_ROWS = 32        # fleet_attention: rows per block of the relative-decay matrix
+_CHUNK = 128            # lightning_attention: chunk length
+_PARALLEL_CHUNK = 64    # block_based: chunk length (all chunks' T×T scores are live at once)
 _LEAF = 64              # recursion: leaf length
 
 
@@ -77,7 +78,8 @@ def _causal_decay(lam: Optional[torch.Tensor], rows: torch.Tensor, cols: torch.T
 
 def _masked_product(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """((b cᵀ) ⊙ mask) v over the last two dims (any leading batch dims)."""
-    return ((b @ c.transpose(-1, -2)) * mask) @ v      # [.., R, r] @ [.., r, K] @ [.., K, d]
+    scores = b @ c.transpose(-1, -2)                    # [.., R, r] @ [.., r, K]
+    return scores.mul_(mask) @ v                        # [.., R, K] @ [.., K, d]
 
 
 def _from_state(b: torch.Tensor, S: torch.Tensor, lam: Optional[torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
@@ -108,23 +110,26 @@ def _decayed_cumsum(x: torch.Tensor, lam: Optional[torch.Tensor], step: int = 1,
                     carry: Optional[torch.Tensor] = None) -> torch.Tensor:
     """y_t = Σ_{s ≤ t} γ^(step·(t−s)) x_s + γ^(step·(t+1)) carry, along dim 2 of x (B, H, T, …).
 
-    Without decay a cumsum; with decay a Hillis–Steele scan: after the pass with
-    shift s, y_t holds the decayed sum of the 2s rows ending at t, so log2 T
-    passes, each multiplying by γ^(step·s) ≤ 1.
+    A Hillis–Steele scan: after the pass with shift s, y_t holds the decayed sum
+    of the 2s rows ending at t, so log2 T passes, each adding γ^(step·s) ≤ 1
+    times the rows s earlier (a plain add without decay; on CPU this is also
+    faster than torch.cumsum along a middle dim).
     """
     T = x.shape[2]
-    if lam is None:
-        y = torch.cumsum(x, 2)
-    else:
-        y, shift, lam_x = x, 1, _lam(lam, x.ndim)
-        while shift < T:
-            shifted = torch.addcmul(y[:, :, shift:], torch.exp2(lam_x * (step * shift)), y[:, :, :-shift])
-            y = torch.cat((y[:, :, :shift], shifted), 2)
-            shift *= 2
+    y, shift = x, 1
+    while shift < T:
+        if lam is None:
+            shifted = y[:, :, shift:] + y[:, :, :-shift]
+        else:
+            shifted = torch.addcmul(y[:, :, shift:], torch.exp2(_lam(lam, x.ndim) * (step * shift)), y[:, :, :-shift])
+        y = torch.cat((y[:, :, :shift], shifted), 2)
+        shift *= 2
     if carry is not None:
-        t = torch.arange(1, T + 1, device=x.device).view(-1, *([1] * (x.ndim - 3)))
         carry = carry.unsqueeze(2)
-        y = y + (carry if lam is None else torch.exp2(_lam(lam, x.ndim) * (step * t)) * carry)
+        if lam is not None:
+            t = torch.arange(1, T + 1, device=x.device).view(-1, *([1] * (x.ndim - 3)))
+            carry = torch.exp2(_lam(lam, x.ndim) * (step * t)) * carry
+        y = y + carry
     return y
 
 
@@ -140,11 +145,14 @@ def _pad_chunks(x: torch.Tensor, T: int, front: int, back: int) -> torch.Tensor:
 def vanilla_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     """Tiled quadratic form O = (B Cᵀ ⊙ M) V + γ^(t+1) B S₀.
 
-    For each block of output rows, the masked decayed scores against the keys
-    up to the block's end, taken in key blocks, times V.  Tiles are sized so a
-    score tile holds at most ``_BUDGET`` elements over all batch elements and
-    heads: memory never grows like n².  The final state is one advance over the
-    whole sequence.  Cost O(n² (r + d)).
+    For each block of output rows starting at t0: the diagonal tile is a masked
+    product with the block's causal decay matrix (the same for every block); the
+    keys before t0 follow in key blocks, where M is rank one,
+    γ^(i−j) = γ^(i−t0) · γ^(t0−j) with both exponents ≥ 0, so the decay scales
+    the rows of b and c and the (rows × keys) score tile needs no mask.  Tiles
+    hold at most ``_BUDGET`` elements over all batch elements and heads, so
+    memory never grows like n².  The final state is one advance over the whole
+    sequence.  Cost O(n² (r + d)).
     """
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
@@ -154,16 +162,19 @@ def vanilla_torch(p: Problem, config: Optional[Mapping] = None) -> None:
         rows //= 2
     keys = max(rows, _BUDGET // (B * H * rows))
     pos = torch.arange(n, device=v.device)
+    diag = _causal_decay(lam, pos[:rows], pos[:rows], 4)
     for t0 in range(0, n, rows):
-        t1 = min(n, t0 + rows)
-        o = 0
-        for k0 in range(0, t1, keys):
-            k1 = min(t1, k0 + keys)
-            mask = _causal_decay(lam, pos[t0:t1], pos[k0:k1], 4)
-            o = o + _masked_product(b[:, :, t0:t1], c[:, :, k0:k1], v[:, :, k0:k1], mask)
+        m = min(n, t0 + rows) - t0
+        bb = b[:, :, t0:t0 + m]
+        o = _masked_product(bb, c[:, :, t0:t0 + m], v[:, :, t0:t0 + m], diag[..., :m, :m])
+        b_past = _scale(bb, lam, pos[:m])                                   # γ^(i − t0) b_i
+        for k0 in range(0, t0, keys):
+            k1 = min(t0, k0 + keys)
+            c_past = _scale(c[:, :, k0:k1], lam, t0 - pos[k0:k1])          # γ^(t0 − j) c_j
+            o = o + (b_past @ c_past.transpose(-1, -2)) @ v[:, :, k0:k1]  # [m, r] @ [r, K] @ [K, d]
         if p.initial_state is not None:
-            o = o + _from_state(b[:, :, t0:t1], p.initial_state, lam, pos[t0:t1])
-        p.out[:, :, t0:t1].copy_(o)
+            o = o + _from_state(bb, p.initial_state, lam, pos[t0:t0 + m])
+        p.out[:, :, t0:t0 + m].copy_(o)
     if p.state is not None:
         p.state.copy_(_advance(p.initial_state, c, v, lam))
 
@@ -172,10 +183,10 @@ def causal_dot_product_torch(p: Problem, config: Optional[Mapping] = None) -> No
     """The recurrence S_t = γ S_{t−1} + c_tᵀ v_t, o_t = b_t S_t, vectorised over time in blocks.
 
     Performer-style: the outer products c_tᵀ v_t of a block of T rows, their
-    decayed prefix sums (a cumsum, or a log-step scan with decay) on top of the
-    carried state give every S_t of the block at once; o_t = b_t S_t; the last
-    S_t is carried into the next block.  Cost O(n r d log T); memory T·r·d per
-    batch element and head (T shrinks when batch · heads · r · d is large).
+    decayed prefix sums (a log-step scan) on top of the carried state give
+    every S_t of the block at once; o_t = b_t S_t; the last S_t is carried into
+    the next block.  Cost O(n r d log T); memory T·r·d per batch element and
+    head (T shrinks when batch · heads · r · d is large).
     """
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
@@ -233,7 +244,7 @@ def block_based_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
     lam = p.log2_gamma
-    T = _CHUNK
+    T = _PARALLEL_CHUNK
     N = -(-n // T)
     b5, c5, v5 = (_pad_chunks(x, T, 0, N * T - n) for x in (b, c, v))
     local = _advance(None, c5, v5, lam)                                        # [B, H, N, r, d]
@@ -241,7 +252,8 @@ def block_based_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     first = p.initial_state if p.initial_state is not None else torch.zeros_like(ends[:, :, 0])
     starts = torch.cat((first.unsqueeze(2), ends[:, :, :-1]), 2)
     pos = torch.arange(T, device=v.device)
-    out = _masked_product(b5, c5, v5, _causal_decay(lam, pos, pos, 5)) + _from_state(b5, starts, lam, pos)
+    out = _masked_product(b5, c5, v5, _causal_decay(lam, pos, pos, 5))                 # [B, H, N, T, d]
+    out += _from_state(b5, starts, lam, pos)
     p.out.copy_(out.view(B, H, N * T, d)[:, :, :n])
     if p.state is not None:
         t0 = (N - 1) * T
@@ -295,8 +307,8 @@ def fleet_attention_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     is a product with the T × T lower-triangular matrix γ^(i−j), and the carry
     (for column k, row k of the state: a d-vector) enters row i as γ^(i+1)·carry.
     Columns are processed in groups of G, so a step holds T·G·d elements per
-    batch element and head.  Cost O(n T r d) (tensor-core friendly), carry
-    O(r d): the carries after the last block are the final state.
+    batch element and head.  Cost O(n T r d) in matmuls; the carries, O(r d),
+    after the last block are the final state.
     """
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)

@@ -77,7 +77,7 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
         lam = torch.log2(_gamma64(gamma, H, dev))
     state = None if initial_state is None else initial_state.detach().to(device=dev, dtype=torch.float64)
     out = torch.empty((B, H, n, d), dtype=torch.float64, device=dev)
-    step = n if n <= DENSE_MAX_N else CHUNK
+    step = max(n, 1) if n <= DENSE_MAX_N else CHUNK
     for t0 in range(0, n, step):
         sl = slice(t0, min(n, t0 + step))
         bb, cc, vv = (x[:, :, sl].detach().to(device=dev, dtype=torch.float64) for x in (p.b, p.c, p.v))

@@ -2,17 +2,21 @@
 
 Each program owns one batch·head, one [BV]-wide slice of the value columns and
 one segment of the sequence (the whole sequence for this method), and keeps the
-[R, BV] slice of the state in float32 registers.  Per chunk of T ≤ BT rows
-starting at t0 (local indices i, j):
+[r, BV] slice of the state in float32 registers, as r/BK ≤ 4 tiles of [BK, BV]
+(so that b is upcast for the state product one [BT, BK] tile at a time, and r
+up to 256 fits).  Per chunk of T ≤ BT rows (local indices i, j):
 
-    scores = (b cᵀ) ⊙ M,     M[i, j] = γ^(i−j) for i ≥ j        (intra-chunk, on tensor cores)
+    scores = (b cᵀ) ⊙ M,     M[i, j] = γ^(i−j) for i ≥ j        (intra-chunk)
     o      = scores v + γ^(i+1) ⊙ (b S)                           (inter-chunk, through the state)
     S      = γ^T S + cᵀ (γ^(T−1−j) ⊙ v)
 
-Four tile products per chunk; the loads of the next chunk do not depend on the
-state, so Triton pipelines them under the products of the current one.  The
-decays are exp2(λ · distance) with distance ≥ 0, every factor in (0, 1]; the
-mask M depends only on i − j, so it is built once per program.
+Four tile products per chunk, all on tensor cores; the loads of the next chunk
+do not depend on the state, so Triton prefetches them under the products of
+the current one (from ``num_stages`` = 3 on).  Every decay is
+exp2(λ · distance) with distance ≥ 0, every factor in (0, 1]; the mask M
+depends only on i − j, so it is built once per program.  The grid is flat
+(value tiles fastest, then segments, then batch·heads): programs that read the
+same b and c tiles run side by side and share them through L2.
 
 Precision: 16-bit inputs feed the score and value products directly (the
 decayed scores and the decayed v are rounded to the input dtype, as in every
@@ -42,6 +46,24 @@ from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED"]
 
 
+@triton.jit
+def _start_state(p_s, stride_k, stride_d, o_k, o_v, R, D, LOAD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """One [BK, BV] tile of the state before the walk (zero when there is none to load)."""
+    if LOAD:
+        return load_tile(p_s, o_k, o_v, stride_k, stride_d, R, D)
+    else:
+        return tl.zeros([BK, BV], dtype=tl.float32)
+
+
+@triton.jit
+def _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R):
+    """The [BT, BK] tiles of b and c at rows ``o_t`` (< rows) and columns ``o_k`` of r."""
+    b_b = load_tile(p_b, o_t, o_k, stride_bn, stride_bk, rows, R)
+    b_c = load_tile(p_c, o_t, o_k, stride_cn, stride_ck, rows, R)
+    return b_b, b_c
+
+
+# The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
 def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
@@ -50,9 +72,14 @@ def _chunk_walk_fwd_kernel(
     H, N, R, D,
     HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS,
-    SEGMENTED: tl.constexpr, BK: tl.constexpr,
-    BT: tl.constexpr, BV: tl.constexpr,
+    SEGMENTED: tl.constexpr, RP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
+    # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the state lives in NK
+    # [BK, BV] register tiles s0..s3, so b is upcast for the state product one [BT, BK] tile at a time
+    NK: tl.constexpr = (RP + BK - 1) // BK
+    tl.static_assert(NK <= 4)
+
     # one flat grid, value tiles fastest: the programs that share b and c run side by side (L2 reuse),
     # and batch·heads·segments may exceed the 65535 limit of the grid's other axes
     pid = tl.program_id(0)
@@ -77,34 +104,63 @@ def _chunk_walk_fwd_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
 
-    # the state before the segment's first row
+    # the state before the segment's first row: the segment-state workspace, the initial state, or zero
+    # (segments always start from the workspace: the launcher sets HAS_INITIAL for them)
     if SEGMENTED:
-        p_ws = ws_ptr + i_bhs.to(tl.int64) * R * D
-        b_s = load_tile(p_ws, o_k, o_v, D, 1, R, D)
-    elif HAS_INITIAL:
-        b_s = load_tile(s0_ptr + i_b * stride_s0b + i_h * stride_s0h, o_k, o_v, stride_s0k, stride_s0d, R, D)
+        p_s = ws_ptr + i_bhs.to(tl.int64) * R * D
+        stride_sk = D
+        stride_sd = 1
     else:
-        b_s = tl.zeros([BK, BV], dtype=tl.float32)
+        p_s = s0_ptr + i_b * stride_s0b + i_h * stride_s0h
+        stride_sk = stride_s0k
+        stride_sd = stride_s0d
+    s0 = _start_state(p_s, stride_sk, stride_sd, o_k, o_v, R, D, HAS_INITIAL, BK, BV)
+    if NK >= 2:
+        s1 = _start_state(p_s, stride_sk, stride_sd, BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
+    if NK >= 4:
+        s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
+        s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
 
     # both depend on local positions only: the same for every chunk
+    m_intra = causal_decay(lam, o_t, o_t, HAS_DECAY)
     row_decay = decay(lam, o_t + 1, HAS_DECAY)
 
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
-        b_b = load_tile(p_b, o_t, o_k, stride_bn, stride_bk, rows, R)
-        b_c = load_tile(p_c, o_t, o_k, stride_cn, stride_ck, rows, R)
+        # scores b cᵀ and the state term b S, accumulated over the r tiles
+        b0, c0 = _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+        b_a = mma(b0, tl.trans(c0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+        b_o = mma(b0.to(tl.float32), s0, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+        if NK >= 2:
+            b1, c1 = _load_bc(p_b, p_c, o_t, BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+            b_a += mma(b1, tl.trans(c1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            b_o += mma(b1.to(tl.float32), s1, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+        if NK >= 4:
+            b2, c2 = _load_bc(p_b, p_c, o_t, 2 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+            b_a += mma(b2, tl.trans(c2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            b_o += mma(b2.to(tl.float32), s2, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+            b3, c3 = _load_bc(p_b, p_c, o_t, 3 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+            b_a += mma(b3, tl.trans(c3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            b_o += mma(b3.to(tl.float32), s3, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
         b_v = load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D)
 
-        # earlier chunks, through the state; γ^(i+1) scales the product's rows
-        b_o = mma(b_b.to(tl.float32), b_s, DOT_PRECISION) * row_decay[:, None]  # [BT, BK] @ [BK, BV]
-        b_a = mma(b_b, tl.trans(b_c), DOT_PRECISION) * causal_decay(lam, o_t, o_t, HAS_DECAY)  # [BT, BK] @ [BK, BT]
+        # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product's
+        # rows, so b enters the TF32 product exactly); this chunk through the masked scores
+        b_o = b_o * row_decay[:, None]
+        b_a = b_a * m_intra
         b_o += mma(b_a.to(b_v.dtype), b_v, DOT_PRECISION)  # [BT, BT] @ [BT, BV]
         store_tile(p_o, b_o, o_t, o_v, stride_on, stride_od, rows, D)
 
         # S ← γ^T S + Σ_j γ^(T−1−j) c_jᵀ v_j over the T present rows
         n_rows = tl.minimum(rows, BT)
         b_vd = (b_v * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[:, None]).to(b_v.dtype)
-        b_s = b_s * decay(lam, n_rows, HAS_DECAY) + mma(tl.trans(b_c), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+        g_chunk = decay(lam, n_rows, HAS_DECAY)
+        s0 = s0 * g_chunk + mma(tl.trans(c0), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+        if NK >= 2:
+            s1 = s1 * g_chunk + mma(tl.trans(c1), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+        if NK >= 4:
+            s2 = s2 * g_chunk + mma(tl.trans(c2), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+            s3 = s3 * g_chunk + mma(tl.trans(c3), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
 
         p_b += BT * stride_bn
         p_c += BT * stride_cn
@@ -112,7 +168,13 @@ def _chunk_walk_fwd_kernel(
         p_o += BT * stride_on
 
     if STORE_STATE:
-        store_tile(st_ptr + i_b * stride_stb + i_h * stride_sth, b_s, o_k, o_v, stride_stk, stride_std, R, D)
+        p_st = st_ptr + i_b * stride_stb + i_h * stride_sth
+        store_tile(p_st, s0, o_k, o_v, stride_stk, stride_std, R, D)
+        if NK >= 2:
+            store_tile(p_st, s1, BK + o_k, o_v, stride_stk, stride_std, R, D)
+        if NK >= 4:
+            store_tile(p_st, s2, 2 * BK + o_k, o_v, stride_stk, stride_std, R, D)
+            store_tile(p_st, s3, 3 * BK + o_k, o_v, stride_stk, stride_std, R, D)
 
 
 def chunk_walk_kernel(space: KernelSpace):
@@ -138,11 +200,12 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         ws = p.out  # unused stand-in
     else:
         ns, segmented = triton.cdiv(n, seg_len), True
-        # the segment-state kernels already folded in the initial state and wrote the final one
-        args.update(HAS_INITIAL=False, STORE_STATE=False)
+        # every segment starts from its state in the workspace (the segment-state kernels folded in
+        # the initial state there, and wrote the final state)
+        args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (triton.cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     launch(kernel, grid, (config or {}).get(space.name), **args, ws_ptr=ws, SEG=seg_len, NS=ns,
-           SEGMENTED=segmented, BK=pow2_at_least_16(r))
+           SEGMENTED=segmented, RP=pow2_at_least_16(r))
 
 
 def lightning_attention_fwd(p: Problem, config: Optional[Mapping] = None) -> None:

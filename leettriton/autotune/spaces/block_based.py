@@ -19,37 +19,47 @@ from .lightning_attention import walk_space
 FWD = walk_space("block_based.fwd")
 
 PROGRAMS_PER_SM = 2
-"""Programs of the segment walk to aim for per multiprocessor: one wave of two
-co-resident programs (the fp16 r = d = 128 configs use 8 warps and ~100-230 KB of
-shared memory, so one or two fit per SM), enough for the loads of one to hide
-behind the products of the other."""
+"""Walk programs to aim for per multiprocessor: exactly one wave.  The 16-bit
+configs run 4 warps with 170-250 registers per thread and 30-140 KB of shared
+memory, so two programs share an SM (the loads of one hide behind the products
+of the other); a second, partial wave would leave SMs idle at the end."""
 
 MIN_SEGMENT = 1024
 """Fewest rows per segment: below this the extra traffic of a segment (its
-float32 start state, written and read back, r·d·4 B ≈ 64 KB at r = d = 128)
-is a sizeable share of its own inputs (L·(2r + d)·2 B ≈ 768 KB at L = 1024)."""
+float32 start state, written and read back, r·d·4 B = 64 KB at r = d = 128)
+is a sizeable share of its own inputs (L·(2r + d)·2 B = 768 KB at L = 1024)."""
 
 SEGMENT_ALIGN = 128
 """Segment lengths are multiples of the largest chunk, so no chunk is cut short."""
 
-REFERENCE_BV = 128
-"""Value-tile width the segment count assumes when no config is pinned (the
-widest of the h100/h200 lists: the rule then errs towards more segments)."""
+INTERPRETER_SEGMENT = 40
+"""Segment length under the interpreter (the ``cpu`` family), whatever the size:
+short, so that the CPU test suite's sequences of a few hundred rows run the
+multi-segment path, and not a multiple of the interpreter's 16-row chunk, so
+that segment ends cut chunks short."""
+
+REFERENCE_BV = 32
+"""Value-tile width the segment count assumes when no config is pinned: the
+width of the h100/h200 configs that hold a 128-row state without spilling."""
 
 
 def segment_length(batch_heads: int, n: int, d: int, family: Family,
                    config: Optional[Mapping[str, int]] = None) -> int:
     """Rows per segment for a launch of ``batch_heads`` sequences of ``n`` rows, value width ``d``.
 
-    Aims at ``PROGRAMS_PER_SM × family.num_sms`` programs of the walk, each
-    segment at least ``MIN_SEGMENT`` rows; returns ``n`` (one segment, no
-    segment states at all) when batch·heads and the value tiles already fill
-    the GPU or the sequence is too short to split.
+    The walk runs batch·heads × value tiles × segments programs; the number of
+    segments is the largest that keeps them within one wave of
+    ``PROGRAMS_PER_SM × family.num_sms`` programs (rounding down: a partial
+    second wave costs more than it gains), each at least ``MIN_SEGMENT`` rows.
+    Returns ``n`` (one segment: no segment states at all) when batch·heads and
+    the value tiles already fill the GPU or the sequence is too short to split.
     """
+    if family.name == "cpu":
+        return min(n, INTERPRETER_SEGMENT)
     bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
     programs = batch_heads * triton.cdiv(d, bv)
-    target = PROGRAMS_PER_SM * family.num_sms
-    segments = min(triton.cdiv(target, programs), n // MIN_SEGMENT)
+    wave = PROGRAMS_PER_SM * family.num_sms
+    segments = min(wave // programs, n // MIN_SEGMENT)
     if segments <= 1:
         return n
     seg = triton.cdiv(triton.cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN

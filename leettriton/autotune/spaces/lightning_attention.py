@@ -1,61 +1,95 @@
 """Configs of the fused chunk-walk kernel (kernels/lightning_attention.py).
 
-One program owns a [R, BV] slice of the float32 state in registers and walks
-chunks of BT rows.  Per chunk it holds the state, the output tile, the score
-tile and its decay mask, and b upcast to float32 (the operand of the TF32
-state product); the loaded b, c, v tiles are pipelined through shared memory
-(``num_stages`` copies) and the state is staged there as the B operand of
-b · S.  The estimates below follow that inventory; ``perf/compile_check.py``
-measured them (see :data:`WALK_REG_LIMIT`).
+Axes: BT (rows per chunk), BK (width of the r tiles: the state is held as
+r/BK ≤ 4 register tiles of [BK, BV]), BV (value columns per program),
+num_warps, num_stages.
 
-The h100/h200 lists are focused on r = d = 128, 16-bit inputs (the case the
-package is tuned for): every config there compiles without spills and fits in
-shared memory; the rules prune the rest for larger r or float32.
+One program keeps in registers the whole [r, BV] float32 state, the [BT, BV]
+output tile, the [BT, BT] scores and their decay mask, and one [BT, BK] tile
+of b upcast to float32 (the operand of the TF32 state product).  Measured on
+sm_90 cubins (``perf/compile_check.py``, fp16, 4 warps, 3 stages), ptxas needs
+~75-140 registers per thread on top of those for addresses, predicates and
+the loaded tiles, so a config is kept when they come to at most
+:data:`HELD_PER_THREAD` float32 values per thread.  With the rules below
+(from the same measurements, Triton 3.6 and 3.9) it keeps every 16-bit config
+measured clean at r = d = 32, 64, 128, 256 and drops every spilling one:
+
+* r tiles of 32 only when r ≤ 32 (four [32, BV] state tiles go through the
+  older mma.sync path and spill); r tiles of 128 are not offered (two [128, BV]
+  tiles measured no better than four of 64 in registers, and spill at r = 256);
+* r > 128: chunks of 32 rows only (64 sit at the register limit and spill with
+  Triton 3.6 or on sm_80);
+* 4 warps only: Triton gives chained tile products all warps along the rows,
+  so 8 warps would need 128-row chunks, whose scores alone take 64 registers;
+* ``num_stages`` ≥ 3 is what prefetches the next chunk (with 2, Triton 3.6 and
+  3.9 issue the next loads right before waiting on them); 4 prefetches two;
+* value tiles of 16 only where the state leaves no room for 32 (large r) or
+  d is that small: each further value tile repeats the score product;
+* float32 operands (TF32): the b tile counts twice (its loaded copy is float32
+  too) and the bound is lower;
+* float32 with ``precision="ieee"`` runs its products on CUDA cores, which hold
+  whole operand rows per thread: no tile is spill-free there; the smallest
+  tiles spill least (8-16 B at r = d = 128, ~850 B at r = d = 256).
+
+Each family's list is the product of its axes (36 configs); the rules leave
+at most 8 for any launch, e.g. 6 for 16-bit r = d = 128 on h100/h200.
 """
 from __future__ import annotations
 
 from ..configs import KernelSpace
 from ._util import elem_bytes, pow2, regs_per_thread
 
-# fp32 values per thread above which ptxas spills (or leaves too little room
-# for addresses and the loaded tiles): measured with compile_check at
-# r = d = 128 fp16 (BT 64, BV 128, 8 warps holds ~144 such values in 200-odd registers).
-WALK_REG_LIMIT = 160
+HELD_PER_THREAD = {"16bit": 144, "tf32": 116}
+"""Upper bound on the float32 values a thread may hold (see the module docstring)."""
+
+
+def _operands(args) -> str:
+    if elem_bytes(args) == 2:
+        return "16bit"
+    return "tf32" if args.get("DOT_PRECISION") == "tf32" else "ieee"
 
 
 def walk_smem(cfg, args) -> int:
-    """Shared memory of one chunk-walk program: pipelined b, c, v tiles, the staged
-    float32 state, the decayed v tile and the score tile re-laid-out as dot operands."""
+    """Shared memory of one chunk-walk program (an upper bound): ``num_stages`` copies of
+    the b, c, v tiles, the float32 state staged as the B operand of b · S, and the
+    scores re-laid-out as an operand."""
     es = elem_bytes(args)
-    bt, bv, bk = cfg["BT"], cfg["BV"], pow2(args["R"])
-    return cfg["num_stages"] * bt * (2 * bk + bv) * es + bk * bv * 4 + bt * bv * es + bt * bt * es
+    bt, bv, rp = cfg["BT"], cfg["BV"], pow2(args["R"])
+    return cfg["num_stages"] * bt * (2 * rp + bv) * es + rp * bv * 4 + bt * bt * es
 
 
 def walk_fits(cfg, args) -> bool:
-    bt, bv, bk = cfg["BT"], cfg["BV"], pow2(args["R"])
-    if bv > pow2(args["D"]):
+    bt, bk, bv, warps = cfg["BT"], cfg["BK"], cfg["BV"], cfg["num_warps"]
+    rp, dp = pow2(args["R"]), pow2(args["D"])
+    if bv > dp or bk > max(rp, 32) or rp > 4 * bk:
         return False
-    # a 32-row chunk only pays off when nothing larger fits (r = 256, or float32 operands)
-    if bt == 32 and bk * elem_bytes(args) < 512:
+    kind = _operands(args)
+    if cfg["num_stages"] == 1 and not (kind != "16bit" and rp > 128):
         return False
-    # state + output tile + scores and their mask + b as a float32 operand
-    held = bk * bv + bt * bv + 2 * bt * bt + bt * bk
-    return regs_per_thread(held, cfg["num_warps"]) <= WALK_REG_LIMIT
+    if kind == "ieee":
+        return bt == 16 and bv == 16 and bk == max(32, rp // 4)
+    if bt < 32 or (bk == 32 and rp > 32):
+        return False
+    if rp > 128 and bt > 32:
+        return False
+    if bv == 16 and rp <= 128 and dp > 16:
+        return False
+    # float32 operands: the b tile upcast for the state product is itself a float32 load
+    held = rp * bv + bt * bv + 2 * bt * bt + (2 if kind == "tf32" else 1) * bt * bk
+    return regs_per_thread(held, warps) <= HELD_PER_THREAD[kind]
 
 
 def walk_space(name: str) -> KernelSpace:
     """The chunk-walk config space under ``name`` (one per method that launches the walk)."""
+    # value order = preference: the first fitting config is the one run untuned
+    sm90 = dict(BT=[64, 32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[3, 4])
+    ampere = dict(BT=[64, 32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[3, 2])
+    # one stage (no prefetch) only where nothing else fits (r > 128 with float32 operands)
+    small_smem = dict(BT=[64, 32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[2, 1])
     return KernelSpace(
         name=name,
-        axes={
-            "default": dict(BT=[32, 64], BV=[32, 64, 128], num_warps=[4, 8], num_stages=[2]),
-            "a6000": dict(BT=[32, 64], BV=[32, 64], num_warps=[4, 8], num_stages=[1, 2]),
-            "ada": dict(BT=[32, 64], BV=[32, 64], num_warps=[4, 8], num_stages=[1, 2]),
-            "a100": dict(BT=[32, 64], BV=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3]),
-            "h100": dict(BT=[32, 64, 128], BV=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3]),
-            "h200": dict(BT=[32, 64, 128], BV=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3]),
-        },
-        cpu=dict(BT=16, BV=32, num_warps=4, num_stages=1),
+        axes={"default": ampere, "a100": ampere, "a6000": small_smem, "ada": small_smem, "h100": sm90, "h200": sm90},
+        cpu=dict(BT=16, BK=64, BV=32, num_warps=4, num_stages=1),
         smem=walk_smem,
         fits=walk_fits,
     )

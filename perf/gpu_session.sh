@@ -21,28 +21,31 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 
-run() {  # run NAME CMD...: time one step, keep its log
+run() {  # run NAME CMD...: time one step (at most $LIMIT s), keep its log
   local name=$1; shift
   local t0=$(date +%s)
   echo "=== $name: $*"
-  "$@" > "$LOGS/$name.log" 2>&1
+  timeout "${LIMIT:-3000}" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   echo "=== $name: rc=$rc in $(( $(date +%s) - t0 )) s"
   tail -n "${TAIL:-25}" "$LOGS/$name.log"
 }
 
-for step in "$@"; do
+for spec in "$@"; do
+  # a step is NAME or NAME:LIMIT_SECONDS:EXTRA_ARGS (e.g. bench_fleet:120:--quick)
+  IFS=: read -r step LIMIT EXTRA <<< "$spec"
+  read -r -a extra <<< "${EXTRA:-}"
   case $step in
     env) run env bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
-    warm) run warm python3 -m leettriton.autotune.warm --dtypes float16,bfloat16,float32 --workers 16 ;;
-    tests) run tests python3 -m pytest tests -q -x -n 16 --hypothesis-profile=gpu -p no:cacheprovider ;;
-    tests_quick) run tests_quick python3 -m pytest tests -q -n 16 --hypothesis-profile=ci -p no:cacheprovider ;;
-    bench_decode) run bench_decode python3 perf/bench_decode.py --out perf/results ;;
-    bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results ;;
-    bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results ;;
-    bench_auto) run bench_auto python3 perf/bench_auto.py --out perf/results ;;
-    tune) run tune python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --quick --max-minutes "${TUNE_MINUTES:-8}" ;;
-    bench_main) run bench_main python3 -m leettriton.bench --peers --json perf/results/bench_main.json --plot perf/results/bench_main.png ;;
+    warm) run warm python3 -m leettriton.autotune.warm --workers 16 "${extra[@]}" ;;
+    tests) run tests python3 -m pytest tests -q -x -n 16 --hypothesis-profile=gpu -p no:cacheprovider "${extra[@]}" ;;
+    tests_quick) run tests_quick python3 -m pytest tests -q -n 16 --hypothesis-profile=ci -p no:cacheprovider "${extra[@]}" ;;
+    bench_decode) run bench_decode python3 perf/bench_decode.py --out perf/results "${extra[@]}" ;;
+    bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results "${extra[@]}" ;;
+    bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results "${extra[@]}" ;;
+    bench_auto) run bench_auto python3 perf/bench_auto.py --out perf/results "${extra[@]}" ;;
+    tune) run tune python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --quick --max-minutes "${TUNE_MINUTES:-8}" "${extra[@]}" ;;
+    bench_main) run bench_main python3 -m leettriton.bench --peers --json perf/results/bench_main.json --plot perf/results/bench_main.png "${extra[@]}" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -80,7 +80,8 @@ def _segment_state_kernel(
         store_tile(ws_ptr, acc, o_k, o_v, D, 1, R, D)
 
 
-@autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE"])
+# the scan rewrites the workspace in place: the autotuner must restore it between its trial runs
+@autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE"], restore_value=["ws_ptr"])
 @triton.jit(do_not_specialize=["N", "SEG", "NS"])
 def _segment_scan_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,

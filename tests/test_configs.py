@@ -60,3 +60,37 @@ def test_every_config(method, case):
     assert count >= len(launched)
     if not HAS_GPU:
         assert family.name == "cpu" and count == len(launched)
+
+
+@pytest.mark.parametrize("method", BUILTIN_METHODS)
+def test_autotuning_leaves_results_intact(method, monkeypatch):
+    """The autotuner runs every candidate config before the chosen one: kernels that update a
+    workspace or state in place must be restored between trials, or the result is wrong.
+
+    Here the GPU family's config list is tuned for real (each trial run twice), also under the
+    interpreter, on a small problem.
+    """
+    import leettriton.autotune.configs as configs
+    from leettriton.autotune import FAMILIES, KERNELS
+
+    def bench_twice(kernel_call, quantiles):
+        kernel_call()
+        kernel_call()
+        return [1.0 for _ in quantiles]
+
+    monkeypatch.setenv("LEETTRITON_AUTOTUNE", "1")
+    monkeypatch.setattr(configs, "current_family", lambda *a: FAMILIES["h200"])
+    monkeypatch.setattr(configs, "_do_bench", bench_twice)
+    for kernel in KERNELS.values():
+        monkeypatch.setattr(kernel, "_do_bench", bench_twice, raising=False)
+        kernel.cache.clear()
+    case = Case(1, 1, 70, 64, 128, dtype=torch.float16, gamma=0.9, initial=True, return_state=True, seed=13)
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
+    try:
+        out, state = leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0, return_state=True)
+    finally:
+        for kernel in KERNELS.values():
+            kernel.cache.clear()
+    assert_close(out, ref, tolerance(case.dtype), f"{method} after autotuning")
+    assert_close(state, ref_state, tolerance(case.dtype), f"{method} state after autotuning")

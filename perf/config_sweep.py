@@ -4,8 +4,8 @@
         --shape 1,32,2048,128,128 --workers 8
 
 Each (method, kernel, config) runs once, pinned, with ``CUDA_LAUNCH_BLOCKING=1`` in a fresh
-process (so one faulting config cannot hide the others), and its output and final state are
-compared with the float64 oracle.  Prints one line per config: error, or the failure.
+process (so one faulting config cannot hide the others) while the method's other kernels run
+their first config, and its output and final state are compared with the float64 oracle.  Prints one line per config: error, or the failure.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-decay", action="store_true")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--limit", type=int, default=0, help="at most this many configs per kernel (0: all)")
+    ap.add_argument("--extra", default="{}", help='JSON {kernel space: [config, ...]} to run besides the family\'s')
     opts = ap.parse_args(argv)
 
     import torch
@@ -65,9 +66,10 @@ def main(argv=None) -> int:
                 continue
             seen.add(kernel.space.name)
             configs = kernel.space.usable(family, args)
-            for cfg in configs[:opts.limit or None]:
+            for cfg in configs[:opts.limit or None] + json.loads(opts.extra).get(kernel.space.name, []):
                 jobs.append((method, kernel.space.name, cfg))
-    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    # the kernels not under test run their family's first config: a deterministic baseline
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", LEETTRITON_AUTOTUNE="0")
 
     def run(job):
         method, space, cfg = job

@@ -1,10 +1,248 @@
-"""recursion: not yet available as a Triton kernel."""
+"""recursion: HyperAttention-style divide and conquer, level by level over a tree of left states.
+
+Cut the sequence into leaves of L0 rows (leaf q holds rows [q·L0, (q+1)·L0)).
+At level l the sequence is cut into segments of 2h rows, h = L0·2^l; the right
+half of every segment receives, at offset i inside the half,
+
+    o_i += γ^(i+1) b_i S_left,       S_left = Σ_{j in left half} γ^(h−1−j) c_jᵀ v_j,
+
+and the leaves themselves are dense: o_i = Σ_{j ≤ i in the leaf} γ^(i−j) (b_i·c_j) v_j.
+Every earlier row reaches row i at exactly one level (the binary digits of its
+leaf index), so the sum over levels and the leaf is the operator of DESIGN §1.
+The initial state adds γ^(i+1) b_i S₀ to every row.
+
+Three steps (tensor cores, except the elementwise combine of step 2):
+
+1. leaf states: the local state Σ_j γ^(L0−1−j) c_jᵀ v_j of every leaf, by the
+   shared segment-state kernel (kernels/_segments.py, SEG = L0, no scan), into a
+   float32 tree of cdiv(n, L0) states per batch·head;
+2. one ``recursion.level`` launch per level l, bottom up, in place: the state of
+   a block of 2^(l+1) leaves is γ^h · (its left half's state) + (its right
+   half's), written over the right half's slot (the slot of its last leaf).  Slot
+   m·2^l − 1 with m odd is written last at level l − 1 (for l = 0 it is a leaf
+   state) and never again, and then holds the state of the 2^l leaves before leaf
+   m·2^l: the left state that level l sends to the right half starting there;
+3. ``recursion.fwd``: each [BT, BV] output tile (inside leaf q) is finalised by
+   one program: its dense product inside the leaf, then for every level l whose
+   bit is set in q that level's product (γ^(i+1) b_i) S_left, then the initial
+   state's term; accumulated in float32 registers and stored once.
+
+Applying the levels inside the tile's program, rather than one pass over the
+output per level, keeps the float32 accumulation in registers: a pass per level
+would read and write a float32 copy of half the output at each of the
+log2(n/L0) levels, 3-4× the memory traffic of this whole method at r = d = 128,
+and would need that (B, H, n, d) float32 copy.
+
+Cost: the leaf products O(n L0 (r + d)); the levels O(n log(n/L0) r d) -- each row
+meets about half of the log2(n/L0) levels, one [r]·[r, d] product each; the tree
+O(n r d / L0) of float32 traffic.  Memory: the tree, cdiv(n, L0) · r · d · 4 bytes
+per batch·head (r = d = 128, L0 = 256: 256 B per row, as much as the 16-bit
+output row), built for a block of batch elements and heads at a time when larger
+than ``TREE_BYTES`` (autotune/spaces/recursion.py).  The final state comes from
+the shared segment-state kernel over each block.
+
+Offsets across batch·heads are 64-bit; inside one (batch, head) sequence they
+are 32-bit, like the other kernels' (n times the row stride below 2^31 elements).
+Every decay is exp2(λ · distance) with distance ≥ 0; a state is only ever
+multiplied by γ^h, never divided.
+"""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, Optional
 
+import torch
+import triton
+import triton.language as tl
+
 from ..api import Problem
+from ..autotune import autotune, launch
+from ..autotune import configs as tuning
+from ..autotune.spaces import recursion as spaces
+from ..autotune.spaces import segments as segment_spaces
+from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from ._segments import _segment_state_kernel, final_state
+
+
+@autotune(spaces.LEVEL, key=["R", "D", "HAS_DECAY"])
+@triton.jit(do_not_specialize=["N", "NS", "SPAN", "LEAF"])
+def _recursion_level_kernel(
+    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
+    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
+    H, N, R, D,
+    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    tree_ptr, NS, SPAN, LEAF,
+    BLOCK: tl.constexpr,
+):
+    # one pair of sibling blocks of SPAN leaves each: right ← γ^(SPAN·LEAF) · left + right
+    i_p = tl.program_id(0)
+    i_e = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    lam = head_log2_gamma(lam_ptr, i_bh % H, HAS_DECAY)
+    o_e = i_e * BLOCK + tl.arange(0, BLOCK)
+    m_e = o_e < R * D
+    p_left = tree_ptr + (i_bh.to(tl.int64) * NS + (2 * i_p + 1) * SPAN - 1) * R * D + o_e
+    p_right = p_left + SPAN.to(tl.int64) * R * D
+    b_left = tl.load(p_left, mask=m_e, other=0.0)
+    b_right = tl.load(p_right, mask=m_e, other=0.0)
+    if HAS_DECAY:
+        b_left *= tl.exp2(lam * (SPAN * LEAF).to(tl.float32))
+    tl.store(p_right, b_left + b_right, mask=m_e)
+
+
+@triton.jit
+def _state_product(acc, b_ptr, p_s, o_i, o_v, row_decay, stride_bn, stride_bk, stride_sk, stride_sd, N, R, D,
+                   DOT_PRECISION: tl.constexpr, BK: tl.constexpr):
+    """acc + (row_decay ⊙ b[o_i, :]) @ S[:, o_v] for a float32 state S, over r in BK slices."""
+    o_k = tl.arange(0, BK)
+    for k0 in range(0, R, BK):
+        b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R).to(tl.float32) * row_decay[:, None]
+        b_s = load_tile(p_s, k0 + o_k, o_v, stride_sk, stride_sd, R, D)
+        acc += mma(b_b, b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+    return acc
+
+
+@autotune(spaces.FWD, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"])
+@triton.jit(do_not_specialize=["N", "NS", "LEAF", "LEVELS"])
+def _recursion_fwd_kernel(
+    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
+    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
+    H, N, R, D,
+    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    tree_ptr, NS, LEAF, LEVELS,
+    BT: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = (i_bh // H).to(tl.int64)  # 64-bit: batch·heads·n·d may exceed 2^31 elements
+    i_h = (i_bh % H).to(tl.int64)
+    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+
+    b_ptr += i_b * stride_bb + i_h * stride_bh
+    c_ptr += i_b * stride_cb + i_h * stride_ch
+    v_ptr += i_b * stride_vb + i_h * stride_vh
+    o_ptr += i_b * stride_ob + i_h * stride_oh
+    o_i = i_t * BT + tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    leaf = (i_t * BT) // LEAF
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+
+    # the leaf: dense decayed product over its key blocks up to the tile's last row
+    for j0 in range(leaf * LEAF, (i_t + 1) * BT, BJ):
+        o_j = j0 + tl.arange(0, BJ)
+        scores = tl.zeros([BT, BJ], dtype=tl.float32)
+        for k0 in range(0, R, BK):
+            b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R)
+            b_c = load_tile(c_ptr, o_j, k0 + o_k, stride_cn, stride_ck, N, R)
+            scores += mma(b_b, tl.trans(b_c), DOT_PRECISION)  # [BT, BK] @ [BK, BJ]
+        scores *= causal_decay(lam, o_i, o_j, HAS_DECAY)
+        b_v = load_tile(v_ptr, o_j, o_v, stride_vn, stride_vd, N, D)
+        acc += mma(scores.to(b_v.dtype), b_v, DOT_PRECISION)  # [BT, BJ] @ [BJ, BV]
+
+    # the levels: bit l of the leaf index set means the tile lies in the right half of a
+    # segment at level l, whose left state sits in slot (first leaf of that half) − 1;
+    # row i of the half (offset i from its start) receives γ^(i+1) b_i S_left
+    p_tree = tree_ptr + i_bh.to(tl.int64) * NS * R * D
+    for lev in range(0, LEVELS):
+        if (leaf >> lev) & 1:
+            first = (leaf >> lev) << lev
+            row_decay = decay(lam, o_i - first * LEAF + 1, HAS_DECAY)
+            acc = _state_product(acc, b_ptr, p_tree + (first - 1).to(tl.int64) * R * D, o_i, o_v, row_decay,
+                                 stride_bn, stride_bk, D, 1, N, R, D, DOT_PRECISION, BK)
+
+    if HAS_INITIAL:
+        s0_ptr += i_b * stride_s0b + i_h * stride_s0h
+        acc = _state_product(acc, b_ptr, s0_ptr, o_i, o_v, decay(lam, o_i + 1, HAS_DECAY), stride_bn, stride_bk,
+                             stride_s0k, stride_s0d, N, R, D, DOT_PRECISION, BK)
+    store_tile(o_ptr, acc, o_i, o_v, stride_on, stride_od, N, D)
+
+
+def _leaf_states(p: Problem, leaf: int, config: Mapping) -> torch.Tensor:
+    """The float32 local state of every leaf, shape (B, H, cdiv(n, leaf), r, d), contiguous."""
+    B, H, n, r, d = p.shape
+    ns = triton.cdiv(n, leaf)
+    tree = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
+    grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H * ns)  # noqa: E731
+    launch(_segment_state_kernel, grid, config.get(segment_spaces.STATE.name), **problem_args(p),
+           ws_ptr=tree, SEG=leaf, NS=ns, DIRECT=False)
+    return tree
+
+
+_MAX_OFFSET = 2**31 - 1   # 32-bit element offsets of the shared segment-state kernels
+_MAX_GRID_Z = 65535       # their grid's third axis holds batch · heads · segments
+
+
+def _slices(p: Problem, ns: int) -> list[tuple[int, int, int, int]]:
+    """(b0, b1, h0, h1) blocks of batch elements and heads, each computed on its own.
+
+    Each block's state tree stays within ``TREE_BYTES``, and the shared segment-state
+    kernel that computes its leaf states stays within its limits (32-bit offsets into
+    the block's tensors, batch · heads · leaves on one grid axis).  One block when
+    everything fits, which is the common case.
+    """
+    B, H, n, r, d = p.shape
+
+    def fits(nb: int, nh: int) -> bool:
+        if nb * nh * ns * r * d * 4 > spaces.TREE_BYTES or nb * nh * ns > _MAX_GRID_Z:
+            return False
+        return all((nb - 1) * x.stride(0) + (nh - 1) * x.stride(1) + (n - 1) * x.stride(2)
+                   + (x.shape[3] - 1) * x.stride(3) <= _MAX_OFFSET for x in (p.b, p.c, p.v))
+
+    if ns == 1 or fits(B, H):
+        return [(0, B, 0, H)]
+    nh = H
+    while nh > 1 and not fits(1, nh):
+        nh = triton.cdiv(nh, 2)
+    nb = 1
+    if nh == H:
+        while nb * 2 <= B and fits(nb * 2, H):
+            nb *= 2
+    return [(b0, min(B, b0 + nb), h0, min(H, h0 + nh)) for b0 in range(0, B, nb) for h0 in range(0, H, nh)]
+
+
+def _block(p: Problem, b0: int, b1: int, h0: int, h1: int) -> Problem:
+    """The sub-problem of batch elements b0:b1 and heads h0:h1 (views, no copies)."""
+    def cut(x):
+        return None if x is None else x[b0:b1, h0:h1]
+
+    lam = None if p.log2_gamma is None else p.log2_gamma[h0:h1]
+    return dataclasses.replace(p, b=cut(p.b), c=cut(p.c), v=cut(p.v), out=cut(p.out), log2_gamma=lam,
+                               initial_state=cut(p.initial_state), state=cut(p.state))
 
 
 def recursion_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    raise NotImplementedError("the 'recursion' Triton kernel is not implemented yet; use method='recursion_torch'")
+    """Launch the recursion kernels for ``p`` (``config``: per-kernel configs, or None to autotune)."""
+    B, H, n, r, d = p.shape
+    config = config or {}
+    # the family whose configs the autotuner runs: every one of their tiles must fit in a leaf
+    leaf = spaces.leaf_length(tuning.current_family(p.v.device), config.get(spaces.FWD.name))
+    ns = triton.cdiv(n, leaf)
+    levels = (ns - 1).bit_length()     # the bits of every leaf index: levels l with 2^l < ns
+    for b0, b1, h0, h1 in _slices(p, ns):
+        sub = p if (b0, b1, h0, h1) == (0, B, 0, H) else _block(p, b0, b1, h0, h1)
+        args = problem_args(sub)
+        BH = (b1 - b0) * (h1 - h0)
+        if ns > 1:
+            tree = _leaf_states(sub, leaf, config)
+            for lev in range(levels):
+                span = 1 << lev
+                pairs = ns // (2 * span)   # sibling pairs whose right block ends inside the tree
+                if pairs == 0:
+                    break
+                grid = lambda meta: (pairs, triton.cdiv(r * d, meta["BLOCK"]), BH)  # noqa: E731
+                launch(_recursion_level_kernel, grid, config.get(spaces.LEVEL.name), **args,
+                       tree_ptr=tree, NS=ns, SPAN=span, LEAF=leaf)
+        else:
+            tree = sub.out  # no level reaches any tile: never read
+        grid = lambda meta: (triton.cdiv(n, meta["BT"]), triton.cdiv(d, meta["BV"]), BH)  # noqa: E731
+        launch(_recursion_fwd_kernel, grid, config.get(spaces.FWD.name), **args,
+               tree_ptr=tree, NS=ns, LEAF=leaf, LEVELS=levels)
+        del tree
+        if sub.state is not None:
+            final_state(sub, config)

@@ -43,13 +43,15 @@ def _segment_state_kernel(
     ws_ptr, SEG, NS,
     DIRECT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_k = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_bhs = tl.program_id(2)
+    # batch·heads·segments on the grid's first axis (the others are limited to 65535);
+    # 64-bit batch and head offsets (16 × 32 × 100 000 × 128 elements overflow 32 bits)
+    i_bhs = tl.program_id(0)
+    i_k = tl.program_id(1)
+    i_v = tl.program_id(2)
     i_bh = i_bhs // NS
     i_s = i_bhs % NS
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = (i_bh % H).to(tl.int64)
     c_ptr += i_b * stride_cb + i_h * stride_ch
     v_ptr += i_b * stride_vb + i_h * stride_vh
     lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
@@ -93,11 +95,11 @@ def _segment_scan_kernel(
     ws_ptr, SEG, NS,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_k = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_bh = tl.program_id(0)
+    i_k = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = (i_bh % H).to(tl.int64)
     lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -125,10 +127,23 @@ def _segment_scan_kernel(
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
     B, H, n, r, d = p.shape
-    args = problem_args(p)
-    grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
-    launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **args,
+    grid = lambda meta: (B * H, triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
+    launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
            ws_ptr=p.out, SEG=n, NS=1, DIRECT=True)
+
+
+def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None) -> torch.Tensor:
+    """Local end state (from a zero start) of every segment of ``seg_len`` rows.
+
+    Returns a float32 tensor of shape ``(B, H, NS, r, d)`` (contiguous), NS = ceil(n / seg_len).
+    """
+    B, H, n, r, d = p.shape
+    ns = triton.cdiv(n, seg_len)
+    ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
+    grid = lambda meta: (B * H * ns, triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
+    launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
+           ws_ptr=ws, SEG=seg_len, NS=ns, DIRECT=False)
+    return ws
 
 
 def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = None) -> torch.Tensor:
@@ -139,13 +154,8 @@ def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     (entry 0 is the initial state, or zero).
     """
     B, H, n, r, d = p.shape
-    ns = triton.cdiv(n, seg_len)
-    ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
-    args = problem_args(p)
-    config = config or {}
-    grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H * ns)  # noqa: E731
-    launch(_segment_state_kernel, grid, config.get(spaces.STATE.name), **args,
-           ws_ptr=ws, SEG=seg_len, NS=ns, DIRECT=False)
-    scan_grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
-    launch(_segment_scan_kernel, scan_grid, config.get(spaces.SCAN.name), **args, ws_ptr=ws, SEG=seg_len, NS=ns)
+    ws = segment_local_states(p, seg_len, config)
+    scan_grid = lambda meta: (B * H, triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
+    launch(_segment_scan_kernel, scan_grid, (config or {}).get(spaces.SCAN.name), **problem_args(p), ws_ptr=ws,
+           SEG=seg_len, NS=ws.shape[2])
     return ws

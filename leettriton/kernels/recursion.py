@@ -59,9 +59,8 @@ from ..api import Problem
 from ..autotune import autotune, launch
 from ..autotune import configs as tuning
 from ..autotune.spaces import recursion as spaces
-from ..autotune.spaces import segments as segment_spaces
 from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
-from ._segments import _segment_state_kernel, final_state
+from ._segments import final_state, segment_local_states
 
 
 @autotune(spaces.LEVEL, key=["R", "D", "HAS_DECAY"])
@@ -165,13 +164,7 @@ def _recursion_fwd_kernel(
 
 def _leaf_states(p: Problem, leaf: int, config: Mapping) -> torch.Tensor:
     """The float32 local state of every leaf, shape (B, H, cdiv(n, leaf), r, d), contiguous."""
-    B, H, n, r, d = p.shape
-    ns = triton.cdiv(n, leaf)
-    tree = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
-    grid = lambda meta: (triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]), B * H * ns)  # noqa: E731
-    launch(_segment_state_kernel, grid, config.get(segment_spaces.STATE.name), **problem_args(p),
-           ws_ptr=tree, SEG=leaf, NS=ns, DIRECT=False)
-    return tree
+    return segment_local_states(p, leaf, config)
 
 
 _MAX_OFFSET = 2**31 - 1   # 32-bit element offsets of the shared segment-state kernels

@@ -34,11 +34,14 @@ def _vanilla_fwd_kernel(
     HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_t = tl.program_id(0)
+    # batch·heads·row tiles on the grid's first axis (the others are limited to 65535);
+    # 64-bit batch and head offsets
+    nt = tl.cdiv(N, BT)
+    i_bh = tl.program_id(0) // nt
+    i_t = tl.program_id(0) % nt
     i_v = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = (i_bh % H).to(tl.int64)
     b_ptr += i_b * stride_bb + i_h * stride_bh
     c_ptr += i_b * stride_cb + i_h * stride_ch
     v_ptr += i_b * stride_vb + i_h * stride_vh
@@ -77,7 +80,7 @@ def vanilla_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     B, H, n, r, d = p.shape
     args = problem_args(p)
     config = config or {}
-    fwd_grid = lambda meta: (triton.cdiv(n, meta["BT"]), triton.cdiv(d, meta["BV"]), B * H)  # noqa: E731
+    fwd_grid = lambda meta: (B * H * triton.cdiv(n, meta["BT"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
     launch(_vanilla_fwd_kernel, fwd_grid, config.get(spaces.FWD.name), **args)
     if p.state is not None:
         final_state(p, config)

@@ -12,6 +12,9 @@ def _state_smem(cfg, args) -> int:
 def _state_fits(cfg, args) -> bool:
     if cfg["BK"] > pow2(args["R"]) or cfg["BV"] > pow2(args["D"]):
         return False
+    if elem_bytes(args) == 4:
+        # float32 tiles (and, for "ieee", CUDA-core products) spill beyond 64 × 64 states and 64-row steps
+        return cfg["BK"] * cfg["BV"] <= 64 * 64 and cfg["BT"] <= 64
     return regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"]) <= 64
 
 

@@ -34,7 +34,7 @@ settings.register_profile(
     "ci", max_examples=12, deadline=None, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile(
-    "gpu", max_examples=60, deadline=None, print_blob=True,
+    "gpu", max_examples=25, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile(
     "dev", max_examples=40, deadline=None, print_blob=True,

@@ -63,7 +63,8 @@ from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, probl
 from ._segments import final_state, segment_local_states
 
 
-@autotune(spaces.LEVEL, key=["R", "D", "HAS_DECAY"])
+# the level kernel rewrites the tree in place: the autotuner must restore it between its trial runs
+@autotune(spaces.LEVEL, key=["R", "D", "HAS_DECAY"], restore_value=["tree_ptr"])
 @triton.jit(do_not_specialize=["N", "NS", "SPAN", "LEAF"])
 def _recursion_level_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
@@ -232,7 +233,9 @@ def recursion_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
                 launch(_recursion_level_kernel, grid, config.get(spaces.LEVEL.name), **args,
                        tree_ptr=tree, NS=ns, SPAN=span, LEAF=leaf)
         else:
-            tree = sub.out  # no level reaches any tile: never read
+            # no level reaches any tile: never read, but typed float32 like a tree, as the kernel's
+            # (compiled, never run) level loop expects
+            tree = torch.empty(1, dtype=torch.float32, device=p.v.device)
         grid = lambda meta: (triton.cdiv(n, meta["BT"]), triton.cdiv(d, meta["BV"]), BH)  # noqa: E731
         launch(_recursion_fwd_kernel, grid, config.get(spaces.FWD.name), **args,
                tree_ptr=tree, NS=ns, LEAF=leaf, LEVELS=levels)

@@ -36,7 +36,7 @@ GRIDS = {
     "quick": dict(dtype=["float16", "bfloat16", "float32"], decay=[True, False], rd=[[128, 128]],
                   bh=[32, 512], n=[128, 1024, 8192, 65536]),
 }
-SLOWER_THAN_BEST_TO_DROP = 30.0  # a method this many times slower than the best is not run at larger n
+SLOWER_THAN_BEST_TO_DROP = 10.0  # a method this many times slower than the best is not run at larger n
 MEMORY_FRACTION = 0.45           # points whose inputs and output would exceed this share of memory are skipped
 
 

@@ -747,8 +747,12 @@ def _predicted_ms(history: Sequence[tuple], n: int) -> float:
 def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[int], seqlens: Sequence[int],
              decays: Sequence[bool], heads: int, r: int, d: int, device=None, gamma=None, check: bool = True,
              budget_s: float = 2.0, warmup_ms: float = 25, rep_ms: float = 100, bandwidth: Optional[float] = None,
-             seed: int = 0, log: Optional[Callable[[str], None]] = None) -> list[dict]:
+             seed: int = 0, log: Optional[Callable[[str], None]] = None,
+             deadline: Optional[float] = None) -> list[dict]:
     """Measure every entry on every cell of the grid; one result row (:data:`ROW_FIELDS`) per cell.
+
+    ``deadline`` (a ``time.time()`` value): cells reached after it are ``skipped``, so a run
+    bounded in time still writes its tables.
 
     For each dtype, batch and n the inputs are made once; for each decay the oracle is
     computed once (on :func:`error_subset`) and shared by the entries.  Once an entry's
@@ -803,7 +807,9 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                         key = (dt, batch, decay, entry.label)
                         tol = (entry.tol_override or {}).get(dt, TOLERANCES[dt])
                         note = ""
-                        if b is None:
+                        if deadline is not None and time.time() > deadline:
+                            m = Measurement("skipped", note="the run's time limit was reached")
+                        elif b is None:
                             m = Measurement("OOM", note=inputs_note)
                         elif key in over_budget:
                             m = Measurement("skipped", note=over_budget[key])
@@ -1197,6 +1203,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the error against the fp64 oracle")
     p.add_argument("--device", help="cuda or cpu (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="skip the cells reached after this long (the tables mark them), so the run ends in time")
     p.add_argument("--json", metavar="FILE", help="write the rows and run header as JSON, and the tables beside "
                    "it as .md")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV with the run header as # lines")
@@ -1207,6 +1215,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     """Run the benchmark as ``python -m leettriton.bench [options]``; returns the result rows."""
     args = _parser().parse_args(argv)
+    start = time.time()
     device = _device(args.device)
     kind = "cuda" if device.type == "cuda" else "cpu"
     log = _print
@@ -1270,7 +1279,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         try:
             rows = run_grid(entries, dtypes=dtypes, batches=batches, seqlens=seqlens, decays=decays, heads=heads,
                             r=r, d=d, device=device, check=not args.no_check, budget_s=args.budget_s,
-                            warmup_ms=args.warmup_ms, rep_ms=rep_ms, bandwidth=bw, seed=args.seed, log=log)
+                            warmup_ms=args.warmup_ms, rep_ms=rep_ms, bandwidth=bw, seed=args.seed, log=log,
+                            deadline=None if args.max_minutes is None else start + 60 * args.max_minutes)
         except DeviceFailure as exc:
             failure = str(exc)
             rows = exc.rows

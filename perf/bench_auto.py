@@ -58,16 +58,16 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def shapes(quick: bool):
+def shapes(quick: bool, dtypes):
     ns = [3000, 20000] if quick else [3000, 20000, 70000]
     bhs = [48] if quick else [48, 96]
-    dtypes = ["float16"] if quick else ["float16", "bfloat16", "float32"]
+    dtypes = dtypes or (["float16"] if quick else ["float16", "bfloat16", "float32"])
     return [(dt, dec, bh, n) for dt in dtypes for dec in (True, False) for bh in bhs for n in ns]
 
 
-def auto_vs_best(quick: bool, methods):
+def auto_vs_best(quick: bool, methods, dtypes=None):
     rows = []
-    for dt, dec, bh, n in shapes(quick):
+    for dt, dec, bh, n in shapes(quick, dtypes):
         batch = bh // HEADS
         dtype = getattr(torch, dt)
         b, c, v = make_inputs(batch, HEADS, n, 128, 128, dtype, "cuda", seed=n)
@@ -95,7 +95,7 @@ def auto_vs_best(quick: bool, methods):
     return rows
 
 
-def cold_start(n1: int, n2: int):
+def cold_start(n1: int, n2: int, timeout: float = 420):
     results = {}
     for which in ("auto", "fla_chunk_simple_gla"):
         if which != "auto":
@@ -109,11 +109,11 @@ def cold_start(n1: int, n2: int):
             env.pop("LEETTRITON_AUTOTUNE", None)
             try:
                 res = subprocess.run([sys.executable, "-c", COLD_SNIPPET, which, str(n1), str(n2)], env=env,
-                                     capture_output=True, text=True, timeout=420)
+                                     capture_output=True, text=True, timeout=timeout)
                 line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
                 results[which] = json.loads(line[0][7:]) if line else {"note": res.stderr[-500:]}
             except subprocess.TimeoutExpired:
-                results[which] = {"note": "more than 420 s"}
+                results[which] = {"note": f"more than {timeout:g} s"}
         print(f"cold start {which}: {results[which]}", flush=True)
     return results
 
@@ -124,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="perf/results")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-start measurement")
     ap.add_argument("--methods", default=",".join(BUILTIN_METHODS))
+    ap.add_argument("--dtypes", default=None, help="comma-separated subset of float16,bfloat16,float32")
+    ap.add_argument("--cold-timeout", type=float, default=420, help="seconds allowed to each cold-start process")
     opts = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_auto: needs a CUDA device (auto is measured against the kernels on the GPU)")
@@ -131,10 +133,10 @@ def main(argv=None) -> int:
     env = environment("cuda")
     meta = dict(env, command="python perf/bench_auto.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 heuristics=getattr(leettriton.autotune.heuristics.active_heuristics(env["family"]), "path", None))
-    rows = auto_vs_best(opts.quick, opts.methods.split(","))
+    rows = auto_vs_best(opts.quick, opts.methods.split(","), opts.dtypes.split(",") if opts.dtypes else None)
     within = sum(r["ratio"] <= 1.10 for r in rows)
     worst = max(r["ratio"] for r in rows)
-    cold = {} if opts.no_cold else cold_start(3000, 5000)
+    cold = {} if opts.no_cold else cold_start(3000, 5000, opts.cold_timeout)
     meta.update(cold_start=cold, within_10pct=f"{within}/{len(rows)}", worst_ratio=worst)
     lines = ["| dtype | decay | batch·heads | n | auto (ms) | auto's method | best | best (ms) | auto / best |",
              "|---|---|---|---|---|---|---|---|---|"]

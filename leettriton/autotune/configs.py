@@ -55,6 +55,8 @@ class KernelSpace:
             the launch whose named arguments are ``args`` (tensors, sizes).
         fits: ``fits(config, args) -> bool``: any other pruning (registers per
             thread, tiles larger than the problem).
+        keep: ``keep(config) -> bool``: drops combinations of the axes that no
+            launch could use, whatever its shape, from every family's list.
     """
 
     name: str
@@ -62,6 +64,7 @@ class KernelSpace:
     cpu: ConfigDict
     smem: Callable[[ConfigDict, Mapping[str, Any]], int]
     fits: Callable[[ConfigDict, Mapping[str, Any]], bool] = field(default=_default_fits)
+    keep: Callable[[ConfigDict], bool] | None = None
 
     def family_configs(self, family: Family | str) -> list[dict[str, int]]:
         """All configs of a family, before pruning for a particular launch."""
@@ -72,7 +75,8 @@ class KernelSpace:
         if axes is None:
             axes = self.axes["default"]
         keys = list(axes)
-        return [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+        configs = [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+        return configs if self.keep is None else [cfg for cfg in configs if self.keep(cfg)]
 
     def all_configs(self) -> list[dict[str, int]]:
         """The union of every family's configs (the list handed to ``triton.autotune``)."""

@@ -1,6 +1,126 @@
-"""decode_step: not yet available."""
+"""decode_step: one generated token, S ← γ S + c_tᵀ v_t, then o_t = b_t S, in place on the state.
+
+The step is memory-bound: the float32 state (r × d per batch element and head)
+is read once and written once; b_t, c_t, v_t and o_t are small next to it.
+Each program owns a [R, BV] column slice of one head's state and walks it in
+[BK, BV] tiles (16-byte accesses along d, where the state is contiguous):
+load the tile, update it, store it, and accumulate b_t ⊙ S for o_t, which is
+reduced over the keys once at the end.  The decay is γ split in two floats
+(``step_decay``): a long generation multiplies the state by γ once per token,
+and a rounded γ would drift.  Programs never share state, so the
+update is in place with no hazard; one launch, no allocation, no host sync,
+so the step can be captured in a CUDA graph.
+
+The autotuner benchmarks configs by running the kernel several times;
+``restore_value`` saves the state before each trial and puts it back after,
+so tuning applies the update exactly once.  The key holds the batch · heads
+bucket (log2), because small batches want narrow tiles (more programs) and
+large ones wide tiles.
+"""
 from __future__ import annotations
 
+from typing import Mapping, Optional
 
-def decode_step_impl(b_t, c_t, v_t, state, log2_gamma, out) -> None:
-    raise NotImplementedError("decode_step is not implemented yet")
+import torch
+import triton
+import triton.language as tl
+
+from ..autotune import autotune, is_interpreting, launch
+from ..autotune.spaces import decode as spaces
+from ._common import head_log2_gamma
+from .causal_dot_product import step_decay
+
+_KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY"]
+
+
+@autotune(spaces.STEP, key=_KEY, restore_value=["st_ptr"])
+@triton.jit(do_not_specialize=["BH_BUCKET"])
+def _decode_step_kernel(
+    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, st_ptr,
+    stride_bb, stride_bh, stride_bk, stride_cb, stride_ch, stride_ck, stride_vb, stride_vh, stride_vd,
+    stride_ob, stride_oh, stride_od, stride_sb, stride_sh, stride_sk, stride_sd,
+    H, R, D, BH_BUCKET,
+    HAS_DECAY: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    # value tiles of one head are neighbours in launch order (they read the same b_t, c_t)
+    NV = tl.cdiv(D, BV)
+    i_v = tl.program_id(0) % NV
+    i_bh = tl.program_id(0) // NV
+    # 64-bit head offsets: batch · heads · r · d state elements may pass 2^31
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = (i_bh % H).to(tl.int64)
+    b_ptr += i_b * stride_bb + i_h * stride_bh
+    c_ptr += i_b * stride_cb + i_h * stride_ch
+    v_ptr += i_b * stride_vb + i_h * stride_vh
+    o_ptr += i_b * stride_ob + i_h * stride_oh
+    st_ptr += i_b * stride_sb + i_h * stride_sh
+    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    # γ in two parts: decoding many tokens multiplies by γ as often as a recurrence does
+    g_hi, g_lo = step_decay(lam)
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < D
+    b_v = tl.load(v_ptr + o_v * stride_vd, mask=m_v, other=0.0).to(tl.float32)
+    acc = tl.zeros([BK, BV], dtype=tl.float32)
+    for k0 in range(0, R, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < R
+        b_b = tl.load(b_ptr + o_k * stride_bk, mask=m_k, other=0.0).to(tl.float32)
+        b_c = tl.load(c_ptr + o_k * stride_ck, mask=m_k, other=0.0).to(tl.float32)
+        p_s = st_ptr + o_k[:, None] * stride_sk + o_v[None, :] * stride_sd
+        m_s = m_k[:, None] & m_v[None, :]
+        b_s = tl.load(p_s, mask=m_s, other=0.0)  # [BK, BV]
+        if HAS_DECAY:
+            b_s = tl.fma(b_s, g_hi, tl.fma(b_s, g_lo, b_c[:, None] * b_v[None, :]))
+        else:
+            b_s += b_c[:, None] * b_v[None, :]
+        tl.store(p_s, b_s, mask=m_s)
+        acc += b_b[:, None] * b_s
+    b_o = tl.sum(acc, axis=0)  # [BV] = b_t S over the keys
+    tl.store(o_ptr + o_v * stride_od, b_o.to(o_ptr.dtype.element_ty), mask=m_v)
+
+
+def _decode_step_torch(b_t, c_t, v_t, state, log2_gamma, out) -> None:
+    """The same step in PyTorch, for CPU tensors outside the interpreter (float64 inside, one rounding)."""
+    new = c_t.double().unsqueeze(-1) * v_t.double().unsqueeze(-2)
+    if log2_gamma is not None:
+        new += torch.exp2(log2_gamma.double()).view(1, -1, 1, 1) * state
+    else:
+        new += state
+    state.copy_(new)
+    out.copy_((b_t.double().unsqueeze(-2) @ new).squeeze(-2))
+
+
+def decode_args(b_t, c_t, v_t, state, log2_gamma, out) -> dict:
+    """The decode kernel's keyword arguments (everything but the config)."""
+    B, H, r = b_t.shape
+    return dict(
+        b_ptr=b_t, c_ptr=c_t, v_ptr=v_t, o_ptr=out, lam_ptr=out if log2_gamma is None else log2_gamma,
+        st_ptr=state,
+        stride_bb=b_t.stride(0), stride_bh=b_t.stride(1), stride_bk=b_t.stride(2),
+        stride_cb=c_t.stride(0), stride_ch=c_t.stride(1), stride_ck=c_t.stride(2),
+        stride_vb=v_t.stride(0), stride_vh=v_t.stride(1), stride_vd=v_t.stride(2),
+        stride_ob=out.stride(0), stride_oh=out.stride(1), stride_od=out.stride(2),
+        stride_sb=state.stride(0), stride_sh=state.stride(1), stride_sk=state.stride(2), stride_sd=state.stride(3),
+        H=H, R=r, D=v_t.shape[-1], BH_BUCKET=(B * H).bit_length(),
+        HAS_DECAY=log2_gamma is not None,
+    )
+
+
+def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, state: torch.Tensor,
+                     log2_gamma: Optional[torch.Tensor], out: torch.Tensor,
+                     config: Optional[Mapping] = None) -> None:
+    """Launch the decode step (inputs validated by :func:`leettriton.decode_step`).
+
+    b_t, c_t: ``(B, H, r)``; v_t: ``(B, H, d)``; state: float32 ``(B, H, r, d)``,
+    updated in place; log2_gamma: float32 ``(H,)`` or None; out: ``(B, H, d)``.
+    ``config`` maps the kernel's space name to a config dict (None: autotune).
+    """
+    if state.device.type == "cpu" and not is_interpreting():
+        _decode_step_torch(b_t, c_t, v_t, state, log2_gamma, out)
+        return
+    args = decode_args(b_t, c_t, v_t, state, log2_gamma, out)
+    d, bh = v_t.shape[-1], v_t.shape[0] * v_t.shape[1]
+    grid = lambda meta: (triton.cdiv(d, meta["BV"]) * bh,)  # noqa: E731
+    launch(_decode_step_kernel, grid, (config or {}).get(spaces.STEP.name), **args)

@@ -9,7 +9,8 @@ import pytest
 
 from leettriton.autotune import FAMILIES, KERNELS, autotune_enabled
 from leettriton.autotune.families import family_of_device
-import leettriton.methods  # noqa: F401  (imports every kernel module)
+import leettriton.methods  # noqa: F401  (imports every kernel module of a method)
+import leettriton.kernels.decode  # noqa: F401  (and decode_step's)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -94,3 +94,39 @@ def test_autotuning_leaves_results_intact(method, monkeypatch):
             kernel.cache.clear()
     assert_close(out, ref, tolerance(case.dtype), f"{method} after autotuning")
     assert_close(state, ref_state, tolerance(case.dtype), f"{method} state after autotuning")
+
+
+def test_autotuning_decode_step_leaves_state_intact(monkeypatch):
+    """decode_step updates the state in place: every candidate config of its kernel is tried
+    (twice) before the chosen one runs, so the state must be restored between trials."""
+    import leettriton.autotune.configs as configs
+    from leettriton.autotune import FAMILIES, KERNELS
+    from leettriton.kernels import decode
+
+    def bench_twice(kernel_call, quantiles):
+        kernel_call()
+        kernel_call()
+        return [1.0 for _ in quantiles]
+
+    kernel = decode._decode_step_kernel
+    args = dict(R=64, D=40)
+    assert len(kernel.space.usable(FAMILIES["h200"], args)) > 1, "nothing to tune: the test would prove nothing"
+    monkeypatch.setenv("LEETTRITON_AUTOTUNE", "1")
+    monkeypatch.setattr(configs, "current_family", lambda *a: FAMILIES["h200"])
+    monkeypatch.setattr(configs, "_do_bench", bench_twice)
+    for k in KERNELS.values():
+        monkeypatch.setattr(k, "_do_bench", bench_twice, raising=False)
+        k.cache.clear()
+    g = torch.Generator().manual_seed(3)
+    b, c, v = (torch.randn(2, 3, 1, n, generator=g).to(DEVICE, torch.float16) for n in (64, 64, 40))
+    s0 = torch.randn(2, 3, 64, 40, generator=g).to(DEVICE)
+    gamma = torch.tensor([0.5, 0.9, 1.0], device=DEVICE)
+    ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
+    state = s0.clone()
+    try:
+        o_t, _ = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
+    finally:
+        for k in KERNELS.values():
+            k.cache.clear()
+    assert_close(o_t, ref[:, :, 0], tolerance(torch.float16), "decode_step after autotuning")
+    assert_close(state, ref_state, tolerance(torch.float16), "decode_step state after autotuning")

@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import leettriton
-from leettriton.autotune.record import record_launches
+from leettriton.autotune.record import record_decode, record_launches
 from leettriton.autotune.families import FAMILIES
 
 
@@ -101,7 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability as 80, 86, 89, 90")
     ap.add_argument("--family", default=None, help="config list to check (default: from --arch)")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    ap.add_argument("--methods", default=",".join(leettriton.api.BUILTIN_METHODS))
+    ap.add_argument("--methods", default=",".join(leettriton.api.BUILTIN_METHODS + ("decode",)),
+                    help="comma-separated methods, and 'decode' for decode_step's kernel")
     ap.add_argument("--r", type=int, default=128)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--first", action="store_true", help="only each kernel's first fitting config")
@@ -113,7 +114,10 @@ def main(argv=None) -> int:
     failures = 0
     for method in opts.methods.split(","):
         # a long and a short sequence: single-segment paths compile code that never runs
-        calls = [call for n in (256, 16) for call in record_launches(method, dtype, n=n, r=opts.r, d=opts.d)]
+        if method == "decode":  # the one-token step of leettriton.decode_step
+            calls = record_decode(dtype, r=opts.r, d=opts.d)
+        else:
+            calls = [call for n in (256, 16) for call in record_launches(method, dtype, n=n, r=opts.r, d=opts.d)]
         seen = set()
         for kernel, args in calls:
             variant = (kernel.space.name, tuple(sorted((k, str(getattr(v, "dtype", v))) for k, v in args.items()

@@ -51,3 +51,17 @@ def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=1
     with _Recorder() as rec:
         TRITON_IMPLS[method](p, None)
     return rec.calls
+
+
+def record_decode(dtype: torch.dtype, B=4, H=2, r=128, d=128, decay=True, device="meta"):
+    """The (kernel, named arguments) pairs of one :func:`leettriton.decode_step`, without running it."""
+    from ..kernels.decode import decode_step_impl
+
+    b_t, c_t = (torch.empty(B, H, r, dtype=dtype, device=device) for _ in range(2))
+    v_t = torch.empty(B, H, d, dtype=dtype, device=device)
+    state = torch.empty(B, H, r, d, dtype=torch.float32, device=device)
+    lam = torch.empty(H, dtype=torch.float32, device=device) if decay else None
+    out = torch.empty_like(v_t)
+    with _Recorder() as rec:
+        decode_step_impl(b_t, c_t, v_t, state, lam, out)
+    return rec.calls

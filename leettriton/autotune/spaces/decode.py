@@ -27,12 +27,18 @@ def _bv_cap(args) -> int:
     return max(_MIN_BV, triton.next_power_of_2(int(args["D"])))
 
 
+def _step_keep(cfg) -> bool:
+    """The shape-independent part: at most 32 state elements per thread, and 8 or more
+    unless the program is the smallest (tiny states cannot give every thread 8)."""
+    per_thread = regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"])
+    return per_thread <= 32 and (per_thread >= 8 or cfg["num_warps"] == 2)
+
+
 def _step_fits(cfg, args) -> bool:
-    if cfg["BK"] != key_tile(args["R"]) or cfg["BV"] > _bv_cap(args):
+    if cfg["BK"] != key_tile(args["R"]) or cfg["BV"] > _bv_cap(args) or not _step_keep(cfg):
         return False
     per_thread = regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"])
-    # tiny states cannot give every thread 8 elements: keep the smallest program then
-    return per_thread <= 32 and (per_thread >= 8 or (cfg["BV"] == _bv_cap(args) and cfg["num_warps"] == 2))
+    return per_thread >= 8 or cfg["BV"] == _bv_cap(args)
 
 
 _AXES = dict(BK=[16, 32, 64, 128, 256], BV=[4, 8, 16, 32, 64], num_warps=[2, 4, 8], num_stages=[1])
@@ -51,4 +57,5 @@ STEP = KernelSpace(
     # b_t relaid out to the tile's rows, and the reduction over keys across warps (measured ≤ this)
     smem=lambda cfg, args: 4 * (cfg["BK"] + 8 * cfg["BV"]),
     fits=_step_fits,
+    keep=_step_keep,
 )

@@ -62,14 +62,10 @@ def test_every_config(method, case):
         assert family.name == "cpu" and count == len(launched)
 
 
-@pytest.mark.parametrize("method", BUILTIN_METHODS)
-def test_autotuning_leaves_results_intact(method, monkeypatch):
-    """The autotuner runs every candidate config before the chosen one: kernels that update a
-    workspace or state in place must be restored between trials, or the result is wrong.
-
-    Here the GPU family's config list is tuned for real (each trial run twice), also under the
-    interpreter, on a small problem.
-    """
+@pytest.fixture
+def tuning_for_real(monkeypatch):
+    """Autotuning on, the h200 family's config lists, and every trial run twice (no timing):
+    also under the interpreter, each candidate config runs before the chosen one."""
     import leettriton.autotune.configs as configs
     from leettriton.autotune import FAMILIES, KERNELS
 
@@ -84,49 +80,40 @@ def test_autotuning_leaves_results_intact(method, monkeypatch):
     for kernel in KERNELS.values():
         monkeypatch.setattr(kernel, "_do_bench", bench_twice, raising=False)
         kernel.cache.clear()
+    yield FAMILIES["h200"]
+    for kernel in KERNELS.values():
+        kernel.cache.clear()
+
+
+@pytest.mark.parametrize("method", BUILTIN_METHODS)
+def test_autotuning_leaves_results_intact(method, tuning_for_real):
+    """The autotuner runs every candidate config before the chosen one: kernels that update a
+    workspace or state in place must be restored between trials, or the result is wrong.
+
+    Here the GPU family's config list is tuned for real (each trial run twice), also under the
+    interpreter, on a small problem.
+    """
     case = Case(1, 1, 70, 64, 40, dtype=torch.float16, gamma=0.9, initial=True, return_state=True, seed=13)
     b, c, v, gamma, s0 = case.tensors(DEVICE)
     ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
-    try:
-        out, state = leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0, return_state=True)
-    finally:
-        for kernel in KERNELS.values():
-            kernel.cache.clear()
+    out, state = leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0, return_state=True)
     assert_close(out, ref, tolerance(case.dtype), f"{method} after autotuning")
     assert_close(state, ref_state, tolerance(case.dtype), f"{method} state after autotuning")
 
 
-def test_autotuning_decode_step_leaves_state_intact(monkeypatch):
+def test_autotuning_decode_step_leaves_state_intact(tuning_for_real):
     """decode_step updates the state in place: every candidate config of its kernel is tried
     (twice) before the chosen one runs, so the state must be restored between trials."""
-    import leettriton.autotune.configs as configs
-    from leettriton.autotune import FAMILIES, KERNELS
     from leettriton.kernels import decode
 
-    def bench_twice(kernel_call, quantiles):
-        kernel_call()
-        kernel_call()
-        return [1.0 for _ in quantiles]
-
     kernel = decode._decode_step_kernel
-    args = dict(R=64, D=40)
-    assert len(kernel.space.usable(FAMILIES["h200"], args)) > 1, "nothing to tune: the test would prove nothing"
-    monkeypatch.setenv("LEETTRITON_AUTOTUNE", "1")
-    monkeypatch.setattr(configs, "current_family", lambda *a: FAMILIES["h200"])
-    monkeypatch.setattr(configs, "_do_bench", bench_twice)
-    for k in KERNELS.values():
-        monkeypatch.setattr(k, "_do_bench", bench_twice, raising=False)
-        k.cache.clear()
+    assert len(kernel.space.usable(tuning_for_real, dict(R=64, D=40))) > 1, "nothing to tune: the test proves nothing"
     g = torch.Generator().manual_seed(3)
     b, c, v = (torch.randn(2, 3, 1, n, generator=g).to(DEVICE, torch.float16) for n in (64, 64, 40))
     s0 = torch.randn(2, 3, 64, 40, generator=g).to(DEVICE)
     gamma = torch.tensor([0.5, 0.9, 1.0], device=DEVICE)
     ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
     state = s0.clone()
-    try:
-        o_t, _ = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
-    finally:
-        for k in KERNELS.values():
-            k.cache.clear()
+    o_t, _ = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
     assert_close(o_t, ref[:, :, 0], tolerance(torch.float16), "decode_step after autotuning")
     assert_close(state, ref_state, tolerance(torch.float16), "decode_step state after autotuning")

@@ -47,9 +47,14 @@ def _point_key(p) -> tuple:
 def _git_sha() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or _sha_from_env()
     except OSError:
-        return "unknown"
+        return _sha_from_env()
+
+
+def _sha_from_env() -> str:
+    """``LEETTRITON_GIT_SHA``, for a copy of the tree without git metadata (a GPU machine), else "unknown"."""
+    return os.environ.get("LEETTRITON_GIT_SHA", "")[:7] or "unknown"
 
 
 def _time_method(method, b, c, v, gamma, retune: bool):

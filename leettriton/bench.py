@@ -26,8 +26,12 @@ standard normal, b scaled by r^(−1/2) as a caller scales queries.
     python -m leettriton.bench --quick                        # about a minute
     python -m leettriton.bench --dtype bfloat16 --methods lightning_attention,block_based --peers
     python -m leettriton.bench --json bench.json --csv bench.csv --plot bench.png
+    python -m leettriton.bench --json bench.json --resume     # go on with an interrupted run
 
-On a machine without a GPU it runs the PyTorch methods on small shapes.
+A kernel fault (a peer's, say) leaves the CUDA context unusable: the run then stops,
+writes what it measured with the faulting cell marked ``error``, and exits 1;
+``--resume`` in a fresh process keeps those cells and measures the rest.  On a machine
+without a GPU it runs the PyTorch methods on small shapes.
 
 The module's helpers (:func:`time_ms`, :func:`copy_bandwidth`, :func:`memory_floor_ms`,
 :func:`environment`, :func:`make_inputs`, :func:`decay_gammas`, :func:`peers`,
@@ -50,7 +54,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -650,7 +654,12 @@ def measure(prepare: Callable[[], Callable[[], Any]], *, to_bhnd: Optional[Calla
                 fatal = _first_line(exc)
     fn = out = None  # noqa: F841  (drop the prepared inputs and the output before freeing)
     if result.status in ("OOM", "error"):
-        free_memory()
+        try:
+            free_memory()
+        except Exception as exc:  # noqa: BLE001  (a fault of the failed call, reported late)
+            if not _is_fatal(exc):
+                raise
+            fatal = fatal or _first_line(exc)
     if fatal is not None:
         raise DeviceFailure(fatal)
     return result
@@ -751,7 +760,7 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
              decays: Sequence[bool], heads: int, r: int, d: int, device=None, gamma=None, check: bool = True,
              budget_s: float = 2.0, warmup_ms: float = 25, rep_ms: float = 100, bandwidth: Optional[float] = None,
              seed: int = 0, log: Optional[Callable[[str], None]] = None,
-             deadline: Optional[float] = None) -> list[dict]:
+             deadline: Optional[float] = None, done: Optional[Mapping[tuple, dict]] = None) -> list[dict]:
     """Measure every entry on every cell of the grid; one result row (:data:`ROW_FIELDS`) per cell.
 
     ``deadline`` (a ``time.time()`` value): cells reached after it are ``skipped``, so a run
@@ -764,8 +773,12 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
     cells (:func:`_predicted_ms`), exceeds ``PREDICT_FACTOR × budget_s``.  ``gamma``
     replaces :func:`decay_gammas` for the decayed cells (a float or a ``(heads,)``
     tensor).  One progress line per cell goes to ``log``.
+
+    ``done``: rows of an earlier run keyed by :func:`cell_key` (``--resume``); those cells
+    are taken as they are, not measured again (their times still count for the budget).
     """
     device = _device(device)
+    done = done or {}
     log = log or _print
     bandwidth = bandwidth or copy_bandwidth(device)
     rows: list[dict] = []
@@ -777,9 +790,14 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
         dt = parse_dtype(dt)
         for batch in batches:
             for n in sorted(seqlens):
+                def pending(decay):
+                    return any(cell_key(e.label, dt, batch, heads, n, r, d, decay) not in done for e in entries)
+
                 inputs_note = None
+                b = c = v = None
                 try:
-                    b, c, v = make_inputs(batch, heads, n, r, d, dt, device, seed=seed)
+                    if any(pending(x) for x in decays):
+                        b, c, v = make_inputs(batch, heads, n, r, d, dt, device, seed=seed)
                 except Exception as exc:  # noqa: BLE001
                     if not _is_oom(exc):
                         raise
@@ -797,7 +815,7 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                             g = torch.full((heads,), float(gamma), device=device, dtype=torch.float32)
                     floor = memory_floor_ms(batch, heads, n, r, d, dt, bandwidth)
                     orc, orc_note = None, ""
-                    if check and b is not None:
+                    if check and b is not None and pending(decay):
                         try:
                             orc = oracle(b, c, v, g)
                         except Exception as exc:  # noqa: BLE001
@@ -810,6 +828,16 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                         key = (dt, batch, decay, entry.label)
                         tol = (entry.tol_override or {}).get(dt, TOLERANCES[dt])
                         note = ""
+                        earlier = done.get(cell_key(entry.label, dt, batch, heads, n, r, d, decay))
+                        if earlier is not None:
+                            rows.append(earlier)
+                            if earlier.get("median_ms") is not None:
+                                history.setdefault(key, []).append((n, earlier["median_ms"]))
+                                if earlier["median_ms"] > budget_s * 1e3:
+                                    over_budget[key] = (f"n = {n} took {earlier['median_ms'] / 1e3:.1f} s > budget "
+                                                        f"{budget_s:g} s")
+                            log(_progress_line(count, total, earlier) + "  (from the earlier run)")
+                            continue
                         if deadline is not None and time.time() > deadline:
                             m = Measurement("skipped", note="the run's time limit was reached")
                         elif b is None:
@@ -828,7 +856,13 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                                             warmup_ms=warmup_ms, rep_ms=rep_ms, budget_ms=budget_s * 1e3,
                                             cold_budget_ms=cold)
                             except DeviceFailure as exc:
-                                exc.rows = rows          # what was measured before the fault
+                                # the faulting cell gets its row, so that --resume goes on after it
+                                rows.append(dict(method=entry.label, kind=entry.kind, dtype=dtype_name(dt),
+                                                 batch=batch, heads=heads, n=n, r=r, d=d, decay=bool(decay),
+                                                 median_ms=None, p20_ms=None, p80_ms=None, floor_ms=floor,
+                                                 ratio=None, rel_err=None, err_scope=None, tol=tol, correct=None,
+                                                 status="error", note=f"kernel fault, the process stopped: {exc}"))
+                                exc.rows = rows          # what was measured before the fault, and the fault
                                 log(f"{entry.label} at {dtype_name(dt)} batch {batch} n {n}: {exc}")
                                 raise
                             if m.median_ms is not None:
@@ -853,6 +887,31 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                 b = c = v = None
                 free_memory()
     return rows
+
+
+def cell_key(method: str, dtype, batch: int, heads: int, n: int, r: int, d: int, decay: bool) -> tuple:
+    """The identity of one cell of the grid (one row): what ``--resume`` matches on."""
+    return (method, dtype_name(parse_dtype(dtype)), int(batch), int(heads), int(n), int(r), int(d), bool(decay))
+
+
+def resumable_rows(path: str, meta: Mapping) -> dict:
+    """The rows of an earlier run in ``path`` (a ``--json`` file) that ``--resume`` keeps, by :func:`cell_key`.
+
+    Cells skipped for the run's time limit are measured again; every other row (a fault
+    included) is kept.  The file must come from the same device and library versions.
+    """
+    with open(path) as f:
+        try:
+            old = json.load(f)
+            old_meta, old_rows = old["meta"], old["rows"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--resume: {path} is not a leettriton.bench --json file ({exc})") from None
+    for k in ("device", "torch", "triton", "leettriton"):
+        if old_meta.get(k) != meta.get(k):
+            raise ValueError(f"--resume: {path} was measured with {k} = {old_meta.get(k)!r}, this run has "
+                             f"{meta.get(k)!r}; resume only a run of the same device and versions")
+    return {cell_key(x["method"], x["dtype"], x["batch"], x["heads"], x["n"], x["r"], x["d"], x["decay"]): x
+            for x in old_rows if not (x["status"] == "skipped" and "time limit" in (x.get("note") or ""))}
 
 
 def _progress_line(count: int, total: int, row: dict) -> str:
@@ -1206,6 +1265,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the error against the fp64 oracle")
     p.add_argument("--device", help="cuda or cpu (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true",
+                   help="keep the cells already in the --json file (an interrupted run, or one stopped by a "
+                   "kernel fault) and measure the rest")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="skip the cells reached after this long (the tables mark them), so the run ends in time")
     p.add_argument("--json", metavar="FILE", help="write the rows and run header as JSON, and the tables beside "
@@ -1276,6 +1338,14 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     log(f"grid: dtypes {','.join(dtype_name(x) for x in dtypes)}, batch {list(batches)}, n {list(seqlens)}, "
         f"decay {decay}, heads {heads}, r {r}, d {d}")
 
+    done: dict = {}
+    if args.resume:
+        if not args.json:
+            raise SystemExit("--resume needs --json FILE: the run to go on with")
+        if os.path.exists(_base(args.json) + ".json"):
+            done = resumable_rows(_base(args.json) + ".json", meta)
+            log(f"resuming: {len(done)} cells kept from {_base(args.json)}.json")
+            meta["resumed_cells"] = len(done)
     failure = None
     rows: list[dict] = []
     with torch.no_grad():
@@ -1283,7 +1353,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
             rows = run_grid(entries, dtypes=dtypes, batches=batches, seqlens=seqlens, decays=decays, heads=heads,
                             r=r, d=d, device=device, check=not args.no_check, budget_s=args.budget_s,
                             warmup_ms=args.warmup_ms, rep_ms=rep_ms, bandwidth=bw, seed=args.seed, log=log,
-                            deadline=None if args.max_minutes is None else start + 60 * args.max_minutes)
+                            deadline=None if args.max_minutes is None else start + 60 * args.max_minutes,
+                            done=done)
         except DeviceFailure as exc:
             failure = str(exc)
             rows = exc.rows

@@ -45,7 +45,11 @@ for spec in "$@"; do
     bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results "${extra[@]}" ;;
     bench_auto) run bench_auto python3 perf/bench_auto.py --out perf/results "${extra[@]}" ;;
     tune) run tune python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --quick --max-minutes "${TUNE_MINUTES:-8}" "${extra[@]}" ;;
-    bench_main) run bench_main python3 -m leettriton.bench --peers --json perf/results/bench_main.json --plot perf/results/bench_main.png "${extra[@]}" ;;
+    bench_main)  # a kernel fault ends the process: go on in a fresh one (--resume), three times at most
+      for try in 1 2 3; do
+        run bench_main$try python3 -m leettriton.bench --peers --json perf/results/bench_main.json \
+          --plot perf/results/bench_main.png "${extra[@]}" --resume && break
+      done ;;
     *) echo "unknown step $step" ;;
   esac
 done

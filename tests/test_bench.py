@@ -163,8 +163,59 @@ def test_main_stops_after_a_kernel_fault_and_keeps_what_it_measured(tmp_path, re
                     "--n", "16,32", "--rep-ms", "5", "--json", str(out)])
     assert stop.value.code == 1
     saved = json.loads(out.read_text())
-    assert [(r["method"], r["n"], r["status"]) for r in saved["rows"]] == [("vanilla_torch", 16, "ok")]
+    assert [(r["method"], r["n"], r["status"]) for r in saved["rows"]] == [("vanilla_torch", 16, "ok"),
+                                                                          ("bench_test_fault", 16, "error")]
+    assert "kernel fault" in saved["rows"][1]["note"]
     assert "illegal memory access" in saved["meta"]["stopped_early"]
+
+    # --resume keeps both cells (the fault is not run again) and measures the rest
+    leettriton.api._USER["bench_test_fault"] = lambda b, c, v, gamma, **_: leettriton.linear_attention(
+        b, c, v, gamma, method="vanilla_torch")
+    rows = bench.main([*TINY, "--methods", "vanilla_torch,bench_test_fault", "--decay", "on", "--batch", "1",
+                       "--n", "16,32", "--rep-ms", "5", "--json", str(out), "--resume"])
+    assert [(r["method"], r["n"], r["status"]) for r in rows] == [
+        ("vanilla_torch", 16, "ok"), ("bench_test_fault", 16, "error"), ("vanilla_torch", 32, "ok"),
+        ("bench_test_fault", 32, "ok")]
+    assert rows[0] == saved["rows"][0]
+    assert json.loads(out.read_text())["meta"]["resumed_cells"] == 2
+
+
+def test_a_fault_reported_late_stops_the_run(tmp_path, register, monkeypatch):
+    """A kernel fault that surfaces only when memory is freed after a failed call still stops the run."""
+    def fault_on_free():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(bench, "free_memory", fault_on_free)
+    with pytest.raises(bench.DeviceFailure, match="illegal memory access"):
+        bench.measure(lambda: _out_of_memory(None, None, None, None), device="cpu")
+
+
+def test_resume_measures_again_only_what_the_time_limit_skipped(tmp_path, register):
+    out = tmp_path / "bench.json"
+    args = [*TINY, "--methods", "vanilla_torch", "--decay", "both", "--batch", "1", "--n", "16,32", "--rep-ms", "5",
+            "--json", str(out)]
+    bench.main(args)
+    saved = json.loads(out.read_text())
+    assert len(saved["rows"]) == 4
+    saved["rows"][0]["median_ms"] = 1234.5                     # kept as it is
+    saved["rows"][1].update(status="skipped", median_ms=None, note="the run's time limit was reached")
+    out.write_text(json.dumps(saved))
+    rows = bench.main(args + ["--resume"])
+    assert rows[0]["median_ms"] == 1234.5
+    assert rows[1]["status"] == "ok" and rows[1]["median_ms"] is not None
+    assert [(r["n"], r["decay"]) for r in rows] == [(16, True), (16, False), (32, True), (32, False)]
+
+
+def test_resume_refuses_a_file_from_another_device(tmp_path, register):
+    out = tmp_path / "bench.json"
+    args = [*TINY, "--methods", "vanilla_torch", "--decay", "on", "--batch", "1", "--n", "16", "--rep-ms", "5",
+            "--json", str(out)]
+    bench.main(args)
+    saved = json.loads(out.read_text())
+    saved["meta"]["device"] = "NVIDIA H100 80GB HBM3"
+    out.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="device"):
+        bench.main(args + ["--resume"])
 
 
 def test_main_rejects_unknown_method():

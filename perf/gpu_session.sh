@@ -29,6 +29,7 @@ run() {  # run NAME CMD...: time one step (at most $LIMIT s), keep its log
   local rc=$?
   echo "=== $name: rc=$rc in $(( $(date +%s) - t0 )) s"
   tail -n "${TAIL:-25}" "$LOGS/$name.log"
+  return $rc
 }
 
 for spec in "$@"; do

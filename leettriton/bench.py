@@ -355,7 +355,7 @@ def environment(device=None) -> dict:
 
     Keys: ``device`` (GPU name or ``"cpu"``), ``device_slug``, ``capability``, ``sm_count``,
     ``memory_gib``, ``family``, ``torch``, ``triton``, ``cuda``, ``python``, ``leettriton``,
-    ``git_sha`` (``LEETTRITON_GIT_SHA`` where the tree has no git metadata), ``git_dirty``, ``date`` (UTC, ISO 8601), ``interpreter``, ``platform``.
+    ``git_sha`` (``LEETTRITON_GIT_SHA`` when set: a tree copied without its git metadata), ``git_dirty``, ``date`` (UTC, ISO 8601), ``interpreter``, ``platform``.
     """
     import triton
 
@@ -379,9 +379,10 @@ def environment(device=None) -> dict:
         env["family"] = None
     sha = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
-    if sha is None and os.environ.get("LEETTRITON_GIT_SHA"):
-        # a copy of the tree without git metadata (a benchmark machine): the SHA it was made from
-        sha = os.environ["LEETTRITON_GIT_SHA"]
+    if os.environ.get("LEETTRITON_GIT_SHA"):
+        # a copy of the tree made elsewhere (a benchmark machine), whose git metadata, if any,
+        # is not that of the code: the caller names the commit
+        sha, dirty = os.environ["LEETTRITON_GIT_SHA"], None
     env.update(torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                python=platform.python_version(), leettriton=__version__, git_sha=sha,
                git_dirty=None if dirty is None else bool(dirty),

@@ -45,6 +45,8 @@ def _point_key(p) -> tuple:
 
 
 def _git_sha() -> str:
+    if os.environ.get("LEETTRITON_GIT_SHA"):   # a tree copied without (or with stale) git metadata
+        return _sha_from_env()
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or _sha_from_env()
@@ -53,7 +55,7 @@ def _git_sha() -> str:
 
 
 def _sha_from_env() -> str:
-    """``LEETTRITON_GIT_SHA``, for a copy of the tree without git metadata (a GPU machine), else "unknown"."""
+    """``LEETTRITON_GIT_SHA`` (shortened), for a copy of the tree made elsewhere (a GPU machine), else "unknown"."""
     return os.environ.get("LEETTRITON_GIT_SHA", "")[:7] or "unknown"
 
 

@@ -354,6 +354,16 @@ def test_environment_has_no_host_name():
     assert env["device"] == "cpu" and env["torch"] == torch.__version__
 
 
+def test_git_sha_named_by_the_environment(monkeypatch):
+    """A tree copied to a benchmark machine records the commit the caller names, not stale git metadata."""
+    from leettriton import tune
+
+    monkeypatch.setenv("LEETTRITON_GIT_SHA", "0123456789abcdef")
+    env = bench.environment("cpu")
+    assert env["git_sha"] == "0123456789abcdef" and env["git_dirty"] is None
+    assert tune._git_sha() == "0123456"
+
+
 # --------------------------------------------------------------------------- perf scripts
 
 def _script(name):

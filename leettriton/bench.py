@@ -27,6 +27,7 @@ standard normal, b scaled by r^(−1/2) as a caller scales queries.
     python -m leettriton.bench --dtype bfloat16 --methods lightning_attention,block_based --peers
     python -m leettriton.bench --json bench.json --csv bench.csv --plot bench.png
     python -m leettriton.bench --json bench.json --resume     # go on with an interrupted run
+    python -m leettriton.bench --from-json bench.json --plot bench.png   # tables and plot, no measuring
 
 A kernel fault (a peer's, say) leaves the CUDA context unusable: the run then stops,
 writes what it measured with the faulting cell marked ``error``, and exits 1;
@@ -1089,6 +1090,26 @@ def write_csv(rows: Sequence[dict], meta: dict, path: str) -> str:
     return path
 
 
+def _plot_styles(methods: Iterable[str]) -> dict:
+    """One look per line: a built-in method and its PyTorch version share a colour (solid, dashed),
+    ``auto`` is a thick black line, peers and other functions get their own colours and markers."""
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    others = ["tab:pink", "tab:olive", "tab:cyan", "tab:gray", "gold", "navy"]
+    markers = ["s", "^", "D", "v", "P", "X"]
+    style, k = {}, 0
+    for m in methods:
+        base = m[:-len("_torch")] if m.endswith("_torch") else m
+        if m == "auto":
+            style[m] = dict(color="black", lw=2.2, marker="o", ms=3, zorder=5)
+        elif base in BUILTIN_METHODS:
+            style[m] = dict(color=palette[BUILTIN_METHODS.index(base) % len(palette)],
+                            ls="--" if m.endswith("_torch") else "-", marker="o", ms=3)
+        else:
+            style[m] = dict(color=others[k % len(others)], ls="-.", marker=markers[k % len(markers)], ms=4)
+            k += 1
+    return style
+
+
 def plot(rows: Sequence[dict], path: str, *, log: Callable[[str], None] = print) -> Optional[str]:
     """Latency against n on log-log axes, one panel per dtype/batch/decay, one line per method.
 
@@ -1108,15 +1129,15 @@ def plot(rows: Sequence[dict], path: str, *, log: Callable[[str], None] = print)
     ncols = min(2, len(groups)) or 1
     nrows = max(1, math.ceil(len(groups) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 4.8 * nrows), squeeze=False)
+    style = _plot_styles(dict.fromkeys(row["method"] for row in rows))
     for ax, ((dt, batch, decay), grp) in zip(axes.flat, groups.items()):
         for m in dict.fromkeys(row["method"] for row in grp):
             pts = sorted((row["n"], row["median_ms"]) for row in grp
                          if row["method"] == m and row["status"] in ("ok", "WRONG") and row["median_ms"])
             if pts:
-                ls = "--" if m.endswith("_torch") else "-"
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", ms=3, label=m)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m, **style[m])
         fl = sorted({(row["n"], row["floor_ms"]) for row in grp})
-        ax.plot([p[0] for p in fl], [p[1] for p in fl], "k:", label="memory floor")
+        ax.plot([p[0] for p in fl], [p[1] for p in fl], ":", color="0.5", label="memory floor")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("n")
@@ -1266,6 +1287,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the error against the fp64 oracle")
     p.add_argument("--device", help="cuda or cpu (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--from-json", metavar="FILE",
+                   help="measure nothing: print the tables of an earlier --json file (and draw --plot from it)")
     p.add_argument("--resume", action="store_true",
                    help="keep the cells already in the --json file (an interrupted run, or one stopped by a "
                    "kernel fault) and measure the rest")
@@ -1278,9 +1301,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _replay(path: str, plot_path: Optional[str]) -> list[dict]:
+    """``--from-json``: the tables (and plot) of a run written earlier with ``--json``."""
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+            meta, rows = doc["meta"], doc["rows"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"--from-json: {path} is not a leettriton.bench --json file ({exc})") from None
+    _print(format_tables(rows, meta=meta))
+    if plot_path and plot(rows, plot_path, log=_print):
+        _print(f"wrote {plot_path}")
+    return rows
+
+
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     """Run the benchmark as ``python -m leettriton.bench [options]``; returns the result rows."""
     args = _parser().parse_args(argv)
+    if args.from_json:
+        return _replay(args.from_json, args.plot)
     start = time.time()
     device = _device(args.device)
     kind = "cuda" if device.type == "cuda" else "cpu"

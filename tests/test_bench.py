@@ -206,6 +206,28 @@ def test_resume_measures_again_only_what_the_time_limit_skipped(tmp_path, regist
     assert [(r["n"], r["decay"]) for r in rows] == [(16, True), (16, False), (32, True), (32, False)]
 
 
+def test_from_json_redraws_without_measuring(tmp_path, register, capsys):
+    out = tmp_path / "bench.json"
+    rows = bench.main([*TINY, "--methods", "vanilla_torch", "--decay", "on", "--batch", "1", "--n", "16,32",
+                       "--rep-ms", "5", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    saved["rows"][0]["median_ms"] = 98765.4              # a value no measurement here would give
+    out.write_text(json.dumps(saved))
+    capsys.readouterr()
+    again = bench.main(["--from-json", str(out)])
+    assert len(again) == len(rows) and again[0]["median_ms"] == 98765.4
+    assert "98765 ms" in capsys.readouterr().out
+
+
+def test_plot_styles_pair_a_method_with_its_torch_version():
+    style = bench._plot_styles(["lightning_attention", "lightning_attention_torch", "auto", "fla_chunk_simple_gla",
+                                "lightning_attn2"])
+    assert style["lightning_attention"]["color"] == style["lightning_attention_torch"]["color"]
+    assert style["lightning_attention_torch"]["ls"] == "--"
+    colors = [style[m]["color"] for m in ("lightning_attention", "auto", "fla_chunk_simple_gla", "lightning_attn2")]
+    assert len(set(colors)) == 4
+
+
 def test_resume_refuses_a_file_from_another_device(tmp_path, register):
     out = tmp_path / "bench.json"
     args = [*TINY, "--methods", "vanilla_torch", "--decay", "on", "--batch", "1", "--n", "16", "--rep-ms", "5",

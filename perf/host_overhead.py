@@ -1,0 +1,121 @@
+"""Host time of one call: leettriton's own Python per ``linear_attention`` call, per method.
+
+    python perf/host_overhead.py                 # CUDA when present, else the CPU measurement
+    python perf/host_overhead.py --device cpu    # no GPU needed
+
+When a kernel's GPU time is short (batch 1, a few thousand tokens), the time of a call
+is that of the host: validating the inputs, choosing the method and config, building
+the launch arguments, and Triton's launcher for each kernel.  This measures it.
+
+* ``--device cuda``: tiny inputs (one head, n = 64), many calls back to back without a
+  sync; the wall time per call is the host's (the GPU finishes each kernel sooner than
+  the next launch comes).  Triton's launcher is included.
+* ``--device cpu``: the Triton kernels' launches are replaced by a stub that evaluates
+  the grid and returns, on the family given by ``--family`` with its heuristic file,
+  so the figure is leettriton's Python alone (validation, dispatch, configs, arguments),
+  without Triton's launcher.  Runs anywhere; sets ``TRITON_INTERPRET=1`` itself.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+METHODS = ("auto", "vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention",
+           "fleet_attention")
+KERNEL_MODULES = ("vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention",
+                  "fleet_attention", "_segments")
+
+
+def _stub_launches(family_name: str) -> None:
+    """Launches evaluate their grid and return; the family is ``family_name`` (CPU measurement)."""
+    from leettriton.autotune import configs, families
+
+    family = families.FAMILIES[family_name]
+
+    def family_of(*_a, **_k):
+        return family
+
+    first: dict = {}
+
+    def stub(kernel, grid, config, **args):
+        # what launch() does before Triton's launcher; an autotuned launch (config None) would
+        # look its key up in Triton's autotuner, which is not measured here
+        if config is not None and not configs._fits(kernel.space, config, args):
+            config = kernel.space.usable(family, args)[0]
+        if config is None:
+            if kernel.space.name not in first:
+                first[kernel.space.name] = kernel.space.usable(family, args)[0]
+            config = first[kernel.space.name]
+        return grid(dict(config)) if callable(grid) else grid
+
+    names = ["leettriton.autotune", "leettriton.autotune.configs", "leettriton.autotune.heuristics",
+             "leettriton.dispatch", "leettriton.api"] + [f"leettriton.kernels.{m}" for m in KERNEL_MODULES]
+    for name in names:
+        mod = importlib.import_module(name)
+        if hasattr(mod, "launch"):
+            mod.launch = stub
+        if hasattr(mod, "current_family"):
+            mod.current_family = family_of
+    families.current_family = family_of
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    ap.add_argument("--family", default="h100", help="CPU measurement: the family whose configs and heuristic "
+                    "file are used (default h100)")
+    ap.add_argument("--n", type=int, default=None, help="sequence length (default: cuda 64, cpu 8192)")
+    ap.add_argument("--heads", type=int, default=None, help="heads (default: cuda 1, cpu 32)")
+    ap.add_argument("--calls", type=int, default=2000)
+    opts = ap.parse_args(argv)
+    if opts.device == "cpu" or opts.device is None and not _cuda():
+        os.environ["TRITON_INTERPRET"] = "1"   # before leettriton is imported: the Triton path on CPU tensors
+    import torch
+
+    import leettriton
+
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    n = opts.n or (64 if device == "cuda" else 8192)
+    heads = opts.heads or (1 if device == "cuda" else 32)
+    if device == "cpu":
+        _stub_launches(opts.family)
+        path = os.path.join(os.path.dirname(leettriton.__file__), "autotune", "heuristics", f"{opts.family}.json")
+        if os.path.exists(path):
+            leettriton.load_heuristics(path, opts.family)
+    g = torch.Generator(device=device).manual_seed(0)
+    b, c, v = (torch.randn(1, heads, n, 128, device=device, dtype=torch.float16, generator=g) for _ in range(3))
+    gamma = torch.full((heads,), 0.99, device=device)
+    print(f"host time per linear_attention call: device {device}, batch 1, heads {heads}, n {n}, r = d = 128, "
+          f"float16, with decay" + (f" (launches stubbed, family {opts.family})" if device == "cpu" else ""))
+    rows = []
+    with torch.no_grad():
+        for method in METHODS:
+            def call():
+                return leettriton.linear_attention(b, c, v, gamma, method=method)
+
+            for _ in range(20):
+                call()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(opts.calls):
+                call()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            us = (time.perf_counter() - start) / opts.calls * 1e6
+            rows.append(dict(method=method, us_per_call=us))
+            print(f"  {method:<20} {us:7.1f} µs")
+    return rows
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -407,3 +407,19 @@ def test_perf_script_quick_on_cpu(name, tmp_path):
     statuses = {r["status"] for r in rep.rows}
     assert statuses <= {"ok", "n/a"}, statuses            # tiny shapes: nothing wrong, nothing out of memory
     assert all(t[3] != "FAIL" for t in rep.targets), rep.targets
+
+
+def test_host_overhead_script_on_cpu():
+    """perf/host_overhead.py stubs the launches, so it runs in a process of its own."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, os.path.join(PERF, "host_overhead.py"), "--device", "cpu", "--calls", "20",
+                          "--n", "256", "--heads", "2"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "launches stubbed, family h100" in lines[0]
+    timed = {line.split()[0]: float(line.split()[1]) for line in lines[1:]}
+    assert set(timed) == {"auto", "vanilla", "causal_dot_product", "block_based", "recursion",
+                          "lightning_attention", "fleet_attention"}
+    assert all(0 < us < 1e6 for us in timed.values())

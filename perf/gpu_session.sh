@@ -5,8 +5,9 @@
 #   OUT=/tmp/out bash perf/gpu_session.sh tests bench_chunked ...
 #
 # Steps: env, warm, tests, tests_quick, bench_decode, bench_chunked, bench_fleet, bench_auto, tune,
-# bench_main.  Each step's output goes to <step>.log (all in $OUT/logs.tgz); a failing step does not
-# stop the others.
+# bench_main, fleet_dot, host_overhead.  Each step's output goes to <step>.log; after every step the
+# logs, perf/results and the heuristic files are packed into $OUT again, so a call cut off by its time
+# limit still brings back what the finished steps produced.  A failing step does not stop the others.
 set -u
 OUT=${OUT:-/tmp/leettriton-out}
 LOGS=/tmp/leettriton-logs
@@ -29,7 +30,13 @@ run() {  # run NAME CMD...: time one step (at most $LIMIT s), keep its log
   local rc=$?
   echo "=== $name: rc=$rc in $(( $(date +%s) - t0 )) s"
   tail -n "${TAIL:-25}" "$LOGS/$name.log"
+  save
   return $rc
+}
+
+save() {  # what has been produced so far, into $OUT
+  tar czf "$OUT/results.tgz" perf/results leettriton/autotune/heuristics 2>/dev/null
+  tar czf "$OUT/logs.tgz" -C "$LOGS" .
 }
 
 for spec in "$@"; do
@@ -45,6 +52,8 @@ for spec in "$@"; do
     bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results "${extra[@]}" ;;
     bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results "${extra[@]}" ;;
     bench_auto) run bench_auto python3 perf/bench_auto.py --out perf/results "${extra[@]}" ;;
+    fleet_dot) run fleet_dot python3 perf/fleet_dot.py --out perf/results "${extra[@]}" ;;
+    host_overhead) run host_overhead python3 perf/host_overhead.py --device cuda "${extra[@]}" ;;
     tune) run tune python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --quick --max-minutes "${TUNE_MINUTES:-8}" "${extra[@]}" ;;
     bench_main)  # a kernel fault ends the process: go on in a fresh one (--resume), three times at most
       for try in 1 2 3; do
@@ -56,7 +65,6 @@ for spec in "$@"; do
 done
 
 # results and the heuristic file come back through $OUT (at most 8 files)
-tar czf "$OUT/results.tgz" perf/results leettriton/autotune/heuristics 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$LOGS" .
+save
 tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15m - "$OUT/triton-cache.tgz."
 ls -la "$OUT"

@@ -1,10 +1,15 @@
 """method="auto" against the best single method, on shapes the tune grid does not contain; cold start.
 
-    python perf/bench_auto.py [--quick] [--out perf/results] [--no-cold]
+    python perf/bench_auto.py [--quick] [--out perf/results] [--no-cold] [--dtypes float16,...]
+    python perf/bench_auto.py --no-cold --max-minutes 8 --resume   # in pieces: the file is written
+                                                                    # after every shape
+    python perf/bench_auto.py --cold-only                           # the cold start alone
 
 1. For n ∈ {3000, 20000, 70000}, batch·heads ∈ {48, 96}, fp16 / bf16 / fp32, with and without decay
    (heads 16, r = d = 128): ``auto`` (the heuristic file's method and config, no tuning on the call
-   path) and every Triton method (each autotuned for the shape) timed in the same run.
+   path) and every Triton method (each autotuned for the shape: the autotuners' caches are cleared
+   before each shape) timed in the same run; a method 10× slower than the best is not run at the
+   larger n of its series.
    Target: auto within 10% of the best on ≥ 90% of the shapes, never worse than 1.5×.
 2. Cold start, each in a fresh process with an empty Triton cache: the wall time of the first ``auto``
    call at a new shape (compile included), then of a second call at another n (no recompile, no
@@ -18,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -65,9 +71,34 @@ def shapes(quick: bool, dtypes):
     return [(dt, dec, bh, n) for dt in dtypes for dec in (True, False) for bh in bhs for n in ns]
 
 
-def auto_vs_best(quick: bool, methods, dtypes=None):
-    rows = []
+SLOWER_TO_DROP = 10.0
+"""A method this many times slower than the best at a shape is not run at the larger n of its series."""
+
+
+def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, deadline=None):
+    """One row per shape: ``auto`` (its pinned heuristic config) against every method autotuned at that shape.
+
+    The autotuners' caches are cleared before each shape, so each method runs the config that is best
+    for that shape, as the tuner measured it.  ``done``: rows of an earlier run (kept, not measured
+    again); ``save(rows)`` is called after every shape; past ``deadline`` (a ``time.time()``) the rest
+    is left for a ``--resume``.
+    """
+    from leettriton.autotune import KERNELS
+
+    done = {(r["dtype"], r["decay"], r["bh"], r["n"]): r for r in (done or [])}
+    rows, dropped = [], {}
     for dt, dec, bh, n in shapes(quick, dtypes):
+        series = (dt, dec, bh)
+        if (dt, dec, bh, n) in done:
+            row = done[(dt, dec, bh, n)]
+            rows.append(row)
+            timed = {m: t for m, t in row["times_ms"].items() if t is not None}
+            dropped.setdefault(series, set()).update(m for m, t in timed.items()
+                                                      if t > SLOWER_TO_DROP * row["best_ms"])
+            continue
+        if deadline is not None and time.time() > deadline:
+            print(f"time limit reached before {dt} decay={dec} bh={bh} n={n}: rerun with --resume", flush=True)
+            break
         batch = bh // HEADS
         dtype = getattr(torch, dt)
         b, c, v = make_inputs(batch, HEADS, n, 128, 128, dtype, "cuda", seed=n)
@@ -75,7 +106,12 @@ def auto_vs_best(quick: bool, methods, dtypes=None):
         chosen = leettriton.dispatch.choose(leettriton.api.make_problem(b, c, v, gamma)[0])[0]
         times = {}
         os.environ["LEETTRITON_AUTOTUNE"] = "1"
+        for kernel in KERNELS.values():
+            kernel.cache.clear()          # every method tunes itself at this shape
         for m in methods:
+            if m in dropped.get(series, ()):
+                times[m] = None
+                continue
             try:
                 times[m] = time_ms(lambda: leettriton.linear_attention(b, c, v, gamma, method=m), rep_ms=50,
                                    max_call_ms=2000)[0]
@@ -85,6 +121,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None):
         t_auto = time_ms(lambda: leettriton.linear_attention(b, c, v, gamma), rep_ms=50)[0]
         timed = {m: t for m, t in times.items() if t is not None}
         best = min(timed, key=timed.get)
+        dropped.setdefault(series, set()).update(m for m, t in timed.items() if t > SLOWER_TO_DROP * timed[best])
         row = dict(dtype=dt, decay=dec, bh=bh, batch=batch, heads=HEADS, n=n, r=128, d=128, auto_ms=t_auto,
                    auto_method=chosen, best_method=best, best_ms=timed[best], ratio=t_auto / timed[best],
                    times_ms=times)
@@ -92,6 +129,8 @@ def auto_vs_best(quick: bool, methods, dtypes=None):
         print(f"{dt} decay={dec} bh={bh} n={n}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
               f"ratio {row['ratio']:.2f}", flush=True)
         del b, c, v
+        if save is not None:
+            save(rows)
     return rows
 
 
@@ -123,40 +162,80 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="perf/results")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-start measurement")
+    ap.add_argument("--cold-only", action="store_true", help="only the cold-start measurement (its own file)")
     ap.add_argument("--methods", default=",".join(BUILTIN_METHODS))
     ap.add_argument("--dtypes", default=None, help="comma-separated subset of float16,bfloat16,float32")
     ap.add_argument("--cold-timeout", type=float, default=420, help="seconds allowed to each cold-start process")
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop before a shape once this long has passed")
+    ap.add_argument("--resume", action="store_true", help="keep the shapes already in the output file")
     opts = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_auto: needs a CUDA device (auto is measured against the kernels on the GPU)")
         return 0
+    start = time.time()
     env = environment("cuda")
     meta = dict(env, command="python perf/bench_auto.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 heuristics=getattr(leettriton.autotune.heuristics.active_heuristics(env["family"]), "path", None))
-    rows = auto_vs_best(opts.quick, opts.methods.split(","), opts.dtypes.split(",") if opts.dtypes else None)
+    if opts.cold_only:
+        cold = cold_start(3000, 5000, opts.cold_timeout)
+        meta.update(cold_start=cold)
+        path = os.path.join(opts.out, env["device_slug"], "bench_auto_cold")
+        write_results([], meta, path, title="method='auto': cold start", body=_cold_table(cold))
+        print(_cold_table(cold))
+        return 0
+    name = "bench_auto" + (".quick" if opts.quick else "")
+    path = os.path.join(opts.out, env["device_slug"], name)
+    done = None
+    if opts.resume and os.path.exists(path + ".json"):
+        with open(path + ".json") as f:
+            old = json.load(f)
+        if old["meta"].get("device") != env["device"]:
+            raise SystemExit(f"--resume: {path}.json was measured on {old['meta'].get('device')}, not {env['device']}")
+        done = old["rows"]
+        print(f"resuming: {len(done)} shapes kept from {path}.json", flush=True)
+
+    def save(rows, cold=None):
+        within = sum(r["ratio"] <= 1.10 for r in rows)
+        worst = max((r["ratio"] for r in rows), default=None)
+        meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(
+            shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None)))
+        if cold is not None:
+            meta.update(cold_start=cold)
+        write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
+
+    rows = auto_vs_best(opts.quick, opts.methods.split(","), opts.dtypes.split(",") if opts.dtypes else None,
+                        done=done, save=save,
+                        deadline=None if opts.max_minutes is None else start + 60 * opts.max_minutes)
+    cold = None if opts.no_cold else cold_start(3000, 5000, opts.cold_timeout)
+    save(rows, cold)
+    print(_table(rows, cold))
+    return 0
+
+
+def _table(rows, cold=None) -> str:
     within = sum(r["ratio"] <= 1.10 for r in rows)
-    worst = max(r["ratio"] for r in rows)
-    cold = {} if opts.no_cold else cold_start(3000, 5000, opts.cold_timeout)
-    meta.update(cold_start=cold, within_10pct=f"{within}/{len(rows)}", worst_ratio=worst)
+    worst = max((r["ratio"] for r in rows), default=float("nan"))
     lines = ["| dtype | decay | batch·heads | n | auto (ms) | auto's method | best | best (ms) | auto / best |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['dtype']} | {r['decay']} | {r['bh']} | {r['n']} | {r['auto_ms']:.3f} | {r['auto_method']} "
                      f"| {r['best_method']} | {r['best_ms']:.3f} | {r['ratio']:.2f} |")
     lines += ["", f"auto within 10% of the best on {within} of {len(rows)} shapes (target ≥ 90%); "
-              f"worst ratio {worst:.2f} (target ≤ 1.5)", "", "Cold start (fresh process, empty Triton cache), seconds:", "",
-              "| | import | first call (n=3000) | second call (n=5000) |", "|---|---|---|---|"]
+              f"worst ratio {worst:.2f} (target ≤ 1.5)"]
+    if cold:
+        lines += ["", _cold_table(cold)]
+    return "\n".join(lines)
+
+
+def _cold_table(cold) -> str:
+    lines = ["Cold start (fresh process, empty Triton cache), seconds:", "",
+             "| | import | first call (n=3000) | second call (n=5000) |", "|---|---|---|---|"]
     for which, res in cold.items():
         if "first_call_s" in res:
             lines.append(f"| {which} | {res['import_s']:.2f} | {res['first_call_s']:.2f} | {res['second_call_s']:.3f} |")
         else:
             lines.append(f"| {which} | {res.get('note')} | | |")
-    body = "\n".join(lines)
-    name = "bench_auto" + (".quick" if opts.quick else "")
-    write_results(rows, meta, os.path.join(opts.out, env["device_slug"], name), title="method='auto' vs the best method",
-                  body=body)
-    print(body)
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

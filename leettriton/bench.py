@@ -896,18 +896,23 @@ def cell_key(method: str, dtype, batch: int, heads: int, n: int, r: int, d: int,
     return (method, dtype_name(parse_dtype(dtype)), int(batch), int(heads), int(n), int(r), int(d), bool(decay))
 
 
+def read_results(path: str, option: str) -> tuple[dict, list]:
+    """``(meta, rows)`` of a file written by ``--json``; ValueError naming ``option`` and the file otherwise."""
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+            return doc["meta"], doc["rows"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{option}: {path} is not a leettriton.bench --json file ({exc})") from None
+
+
 def resumable_rows(path: str, meta: Mapping) -> dict:
     """The rows of an earlier run in ``path`` (a ``--json`` file) that ``--resume`` keeps, by :func:`cell_key`.
 
     Cells skipped for the run's time limit are measured again; every other row (a fault
     included) is kept.  The file must come from the same device and library versions.
     """
-    with open(path) as f:
-        try:
-            old = json.load(f)
-            old_meta, old_rows = old["meta"], old["rows"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"--resume: {path} is not a leettriton.bench --json file ({exc})") from None
+    old_meta, old_rows = read_results(path, "--resume")
     for k in ("device", "torch", "triton", "leettriton"):
         if old_meta.get(k) != meta.get(k):
             raise ValueError(f"--resume: {path} was measured with {k} = {old_meta.get(k)!r}, this run has "
@@ -1303,12 +1308,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _replay(path: str, plot_path: Optional[str]) -> list[dict]:
     """``--from-json``: the tables (and plot) of a run written earlier with ``--json``."""
-    with open(path) as f:
-        try:
-            doc = json.load(f)
-            meta, rows = doc["meta"], doc["rows"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SystemExit(f"--from-json: {path} is not a leettriton.bench --json file ({exc})") from None
+    try:
+        meta, rows = read_results(path, "--from-json")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     _print(format_tables(rows, meta=meta))
     if plot_path and plot(rows, plot_path, log=_print):
         _print(f"wrote {plot_path}")

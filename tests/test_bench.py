@@ -434,3 +434,12 @@ def test_fleet_dot_experiment_agrees_with_the_oracle():
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count(" ok") == 15 and "WRONG" not in res.stdout
+
+
+def test_a_file_that_is_not_a_bench_run_is_refused_by_name(tmp_path, register):
+    out = tmp_path / "bench.json"
+    out.write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="--resume: .*bench.json is not a leettriton.bench --json file"):
+        bench.main([*TINY, "--methods", "vanilla_torch", "--n", "16", "--json", str(out), "--resume"])
+    with pytest.raises(SystemExit, match="--from-json: .*bench.json is not"):
+        bench.main(["--from-json", str(out)])

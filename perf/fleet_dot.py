@@ -51,7 +51,7 @@ def _decayed_cumsum(a, x, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     is TF32's, at twice the rate); float32 operands otherwise (bfloat16 inputs at TF32, whose
     mantissa is longer than bfloat16's; float32 inputs at the caller's precision)."""
     if IN_DTYPE == tl.float16:
-        return mma(a.to(tl.float16), x.to(tl.float16), DOT_PRECISION)
+        return mma(a.to(tl.float16), x.to(tl.float16), DOT_PRECISION)   # a no-op cast when a is float16
     else:
         return mma(a, x, DOT_PRECISION)
 
@@ -88,6 +88,8 @@ def _fleet_dot_kernel(
     # this program's [R, BV] slice of the state: the segment's start state, then each block's end state
     p_ws = ws_ptr + (i_bh * NS + i_s).to(tl.int64) * R * D
     b_l = causal_decay(lam, o_r, o_r, HAS_DECAY)                   # [BT, BT] relative decays
+    if v_ptr.dtype.element_ty == tl.float16:
+        b_l = b_l.to(tl.float16)                                    # cast once, not once per rank
     if HAS_DECAY:
         b_first = tl.exp2(lam * (o_r + 1).to(tl.float32))          # γ^(i+1): the carry into row i
     else:

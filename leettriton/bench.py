@@ -1388,7 +1388,9 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         if os.path.exists(_base(args.json) + ".json"):
             done = resumable_rows(_base(args.json) + ".json", meta)
             log(f"resuming: {len(done)} cells kept from {_base(args.json)}.json")
+            earlier_meta, _ = read_results(_base(args.json) + ".json", "--resume")
             meta["resumed_cells"] = len(done)
+            meta["resumed_from"] = {k: earlier_meta.get(k) for k in ("date", "git_sha", "command")}
     failure = None
     rows: list[dict] = []
     with torch.no_grad():

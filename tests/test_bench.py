@@ -177,7 +177,8 @@ def test_main_stops_after_a_kernel_fault_and_keeps_what_it_measured(tmp_path, re
         ("vanilla_torch", 16, "ok"), ("bench_test_fault", 16, "error"), ("vanilla_torch", 32, "ok"),
         ("bench_test_fault", 32, "ok")]
     assert rows[0] == saved["rows"][0]
-    assert json.loads(out.read_text())["meta"]["resumed_cells"] == 2
+    resumed = json.loads(out.read_text())["meta"]
+    assert resumed["resumed_cells"] == 2 and resumed["resumed_from"]["date"] == saved["meta"]["date"]
 
 
 def test_a_fault_reported_late_stops_the_run(tmp_path, register, monkeypatch):

@@ -40,9 +40,12 @@ import triton.language as tl  # noqa: E402
 
 import leettriton  # noqa: E402
 from leettriton.api import make_problem  # noqa: E402
-from leettriton.autotune.spaces._util import cdiv  # noqa: E402
 from leettriton.kernels._common import causal_decay, head_log2_gamma, mma, problem_args  # noqa: E402
 from leettriton.kernels._segments import segment_start_states  # noqa: E402
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 @triton.jit

@@ -45,18 +45,15 @@ def _point_key(p) -> tuple:
 
 
 def _git_sha() -> str:
-    if os.environ.get("LEETTRITON_GIT_SHA"):   # a tree copied without (or with stale) git metadata
-        return _sha_from_env()
+    """The commit measured: ``LEETTRITON_GIT_SHA`` when set (a tree copied to a GPU machine without, or
+    with stale, git metadata), else git's, else "unknown"."""
+    if os.environ.get("LEETTRITON_GIT_SHA"):
+        return os.environ["LEETTRITON_GIT_SHA"][:7]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or _sha_from_env()
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
     except OSError:
-        return _sha_from_env()
-
-
-def _sha_from_env() -> str:
-    """``LEETTRITON_GIT_SHA`` (shortened), for a copy of the tree made elsewhere (a GPU machine), else "unknown"."""
-    return os.environ.get("LEETTRITON_GIT_SHA", "")[:7] or "unknown"
+        return "unknown"
 
 
 def _time_method(method, b, c, v, gamma, retune: bool):

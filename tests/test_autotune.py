@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+import torch
+import triton
 
 from leettriton.autotune import FAMILIES, KERNELS, autotune_enabled
 from leettriton.autotune.families import family_of_device
@@ -79,3 +81,27 @@ def test_kernels_compile_for_gpu_targets(arch, family):
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "FAIL" not in res.stdout and "configs for" in res.stdout
+
+
+def test_host_integer_helpers_match_triton():
+    """The plain host helpers give what triton.cdiv / triton.next_power_of_2 give."""
+    from leettriton.autotune.spaces._util import cdiv, next_power_of_2
+
+    for a in (0, 1, 2, 15, 16, 17, 100000, 2 ** 31 + 3):
+        for b in (1, 2, 16, 64, 100):
+            assert cdiv(a, b) == triton.cdiv(a, b)
+    for x in (1, 2, 3, 15, 16, 17, 100, 128, 129, 2 ** 20 + 1):
+        assert next_power_of_2(x) == triton.next_power_of_2(x)
+
+
+def test_problem_args_are_built_once_and_handed_out_as_copies():
+    from leettriton.api import make_problem
+    from leettriton.kernels._common import problem_args
+
+    b = torch.randn(1, 2, 8, 4)
+    p, _ = make_problem(b, b, b, 0.5)
+    first = problem_args(p)
+    first["BK"] = 999                      # a launcher adds its own arguments to its copy
+    second = problem_args(p)
+    assert "BK" not in second and second["b_ptr"] is p.b and second["HAS_DECAY"]
+    assert second["stride_bn"] == b.stride(2)

@@ -181,8 +181,8 @@ _FITS_CACHE: dict[tuple, bool] = {}
 def _fits(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> bool:
     """Whether ``config`` is one of the family's configs that fit this launch (cached per shape class)."""
     family = current_family()
-    dtypes = tuple(str(a.dtype) for a in args.values() if hasattr(a, "dtype"))
-    key = (space.name, family.name, tuple(sorted(config.items())), args.get("R"), args.get("D"), dtypes)
+    dtypes = tuple(a.dtype for a in args.values() if hasattr(a, "dtype"))
+    key = (space.name, family.name, tuple(config.items()), args.get("R"), args.get("D"), dtypes)
     hit = _FITS_CACHE.get(key)
     if hit is None:
         if family.name == "cpu":

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ..api import Problem
 from ..autotune.families import is_interpreting
+from ..autotune.spaces._util import next_power_of_2
 
 # Triton's interpreter multiplies the raw bit patterns of bfloat16 dot operands;
 # upcasting them to float32 first gives the product the GPU's tensor cores give
@@ -21,7 +22,15 @@ _INTERPRETER_BF16_DOT = tl.constexpr(is_interpreting())
 
 
 def problem_args(p: Problem) -> dict:
-    """The keyword arguments shared by every kernel for problem ``p``."""
+    """The keyword arguments shared by every kernel for problem ``p`` (a new dict each call,
+    built once per problem: a method launching several kernels reads the strides once)."""
+    cached = p.__dict__.get("_kernel_args")
+    if cached is None:
+        cached = p.__dict__["_kernel_args"] = _problem_args(p)
+    return dict(cached)
+
+
+def _problem_args(p: Problem) -> dict:
     B, H, n, r, d = p.shape
     # Unused pointers get a harmless stand-in; the flags keep the kernel from reading them.
     lam = p.log2_gamma if p.log2_gamma is not None else p.out
@@ -55,7 +64,7 @@ def dot_precision(p: Problem) -> str:
 
 def pow2_at_least_16(x: int) -> int:
     """Smallest power of two ≥ max(x, 16): the least tile a ``tl.dot`` operand may have."""
-    return max(16, triton.next_power_of_2(x))
+    return max(16, next_power_of_2(x))
 
 
 # --------------------------------------------------------------------------- jit helpers

@@ -26,6 +26,7 @@ import triton.language as tl
 from ..api import Problem
 from ..autotune import autotune, launch
 from ..autotune.spaces import segments as spaces
+from ..autotune.spaces._util import cdiv
 from ._common import decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
@@ -127,7 +128,7 @@ def _segment_scan_kernel(
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
     B, H, n, r, d = p.shape
-    grid = lambda meta: (B * H, triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
+    grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
            ws_ptr=p.out, SEG=n, NS=1, DIRECT=True)
 
@@ -138,9 +139,9 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     Returns a float32 tensor of shape ``(B, H, NS, r, d)`` (contiguous), NS = ceil(n / seg_len).
     """
     B, H, n, r, d = p.shape
-    ns = triton.cdiv(n, seg_len)
+    ns = cdiv(n, seg_len)
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
-    grid = lambda meta: (B * H * ns, triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
+    grid = lambda meta: (B * H * ns, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
            ws_ptr=ws, SEG=seg_len, NS=ns, DIRECT=False)
     return ws
@@ -155,7 +156,7 @@ def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     """
     B, H, n, r, d = p.shape
     ws = segment_local_states(p, seg_len, config)
-    scan_grid = lambda meta: (B * H, triton.cdiv(r, meta["BK"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
+    scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_scan_kernel, scan_grid, (config or {}).get(spaces.SCAN.name), **problem_args(p), ws_ptr=ws,
            SEG=seg_len, NS=ws.shape[2])
     return ws

@@ -51,6 +51,7 @@ import triton.language as tl
 from ..api import Problem
 from ..autotune import autotune, launch
 from ..autotune.spaces import causal_dot_product as spaces
+from ..autotune.spaces._util import cdiv
 from ._common import head_log2_gamma, problem_args, store_tile
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "KW"]
@@ -257,7 +258,7 @@ def _launch(p: Problem, config: Optional[Mapping]) -> None:
     args["BK"] = spaces.key_tile(r)
     kw = _keys_per_word(p)
     args.update(RW=-(-r // kw), stride_bnw=p.b.stride(2) // kw, stride_cnw=p.c.stride(2) // kw, KW=kw)
-    grid = lambda meta: (triton.cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
+    grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     launch(_causal_dot_product_fwd_kernel, grid, (config or {}).get(spaces.FWD.name), **args)
 
 

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..autotune import autotune, is_interpreting, launch
 from ..autotune.spaces import decode as spaces
+from ..autotune.spaces._util import cdiv
 from ._common import head_log2_gamma
 from .causal_dot_product import step_decay
 
@@ -122,5 +123,5 @@ def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, st
         return
     args = decode_args(b_t, c_t, v_t, state, log2_gamma, out)
     d, bh = v_t.shape[-1], v_t.shape[0] * v_t.shape[1]
-    grid = lambda meta: (triton.cdiv(d, meta["BV"]) * bh,)  # noqa: E731
+    grid = lambda meta: (cdiv(d, meta["BV"]) * bh,)  # noqa: E731
     launch(_decode_step_kernel, grid, (config or {}).get(spaces.STEP.name), **args)

@@ -60,6 +60,7 @@ from ..api import Problem
 from ..autotune import autotune, current_family, launch
 from ..autotune.families import is_interpreting
 from ..autotune.spaces import fleet_attention as spaces
+from ..autotune.spaces._util import cdiv, next_power_of_2
 from ._common import causal_decay, head_log2_gamma, problem_args
 from ._segments import segment_start_states
 
@@ -211,7 +212,7 @@ def fleet_attention_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     config = config or {}
     fwd_config = config.get(spaces.FWD.name)
     seg_len = spaces.segment_length(B * H, n, d, current_family(p.v.device), fwd_config)
-    ns = triton.cdiv(n, seg_len)
+    ns = cdiv(n, seg_len)
     if ns > 1 or p.state is not None:
         # start state of every segment (the carries to begin from), and the final state
         ws = segment_start_states(p, seg_len, config)
@@ -220,6 +221,6 @@ def fleet_attention_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     else:
         ws = torch.zeros((B, H, r, d), dtype=torch.float32, device=p.v.device)
     args = problem_args(p)
-    grid = lambda meta: (triton.cdiv(d, meta["BV"]), ns, B * H)  # noqa: E731
+    grid = lambda meta: (cdiv(d, meta["BV"]), ns, B * H)  # noqa: E731
     launch(_fleet_attention_fwd_kernel, grid, fwd_config, **args, ws_ptr=ws, SEG=seg_len, NS=ns,
-           KU=min(_KU, triton.next_power_of_2(r)))
+           KU=min(_KU, next_power_of_2(r)))

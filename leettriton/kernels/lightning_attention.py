@@ -41,6 +41,7 @@ import triton.language as tl
 from ..api import Problem
 from ..autotune import KernelSpace, autotune, launch
 from ..autotune.spaces import lightning_attention as spaces
+from ..autotune.spaces._util import cdiv
 from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_at_least_16, problem_args, store_tile
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED"]
@@ -199,11 +200,11 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         seg_len, ns, segmented = n, 1, False
         ws = p.out  # unused stand-in
     else:
-        ns, segmented = triton.cdiv(n, seg_len), True
+        ns, segmented = cdiv(n, seg_len), True
         # every segment starts from its state in the workspace (the segment-state kernels folded in
         # the initial state there, and wrote the final state)
         args.update(HAS_INITIAL=True, STORE_STATE=False)
-    grid = lambda meta: (triton.cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
+    grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     launch(kernel, grid, (config or {}).get(space.name), **args, ws_ptr=ws, SEG=seg_len, NS=ns,
            SEGMENTED=segmented, RP=pow2_at_least_16(r))
 

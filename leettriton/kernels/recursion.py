@@ -59,6 +59,7 @@ from ..api import Problem
 from ..autotune import autotune, launch
 from ..autotune import configs as tuning
 from ..autotune.spaces import recursion as spaces
+from ..autotune.spaces._util import cdiv
 from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
 from ._segments import final_state, segment_local_states
 
@@ -192,7 +193,7 @@ def _slices(p: Problem, ns: int) -> list[tuple[int, int, int, int]]:
         return [(0, B, 0, H)]
     nh = H
     while nh > 1 and not fits(1, nh):
-        nh = triton.cdiv(nh, 2)
+        nh = cdiv(nh, 2)
     nb = 1
     if nh == H:
         while nb * 2 <= B and fits(nb * 2, H):
@@ -216,7 +217,7 @@ def recursion_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     config = config or {}
     # the family whose configs the autotuner runs: every one of their tiles must fit in a leaf
     leaf = spaces.leaf_length(tuning.current_family(p.v.device), config.get(spaces.FWD.name))
-    ns = triton.cdiv(n, leaf)
+    ns = cdiv(n, leaf)
     levels = (ns - 1).bit_length()     # the bits of every leaf index: levels l with 2^l < ns
     for b0, b1, h0, h1 in _slices(p, ns):
         sub = p if (b0, b1, h0, h1) == (0, B, 0, H) else _block(p, b0, b1, h0, h1)
@@ -229,14 +230,14 @@ def recursion_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
                 pairs = ns // (2 * span)   # sibling pairs whose right block ends inside the tree
                 if pairs == 0:
                     break
-                grid = lambda meta: (pairs, triton.cdiv(r * d, meta["BLOCK"]), BH)  # noqa: E731
+                grid = lambda meta: (pairs, cdiv(r * d, meta["BLOCK"]), BH)  # noqa: E731
                 launch(_recursion_level_kernel, grid, config.get(spaces.LEVEL.name), **args,
                        tree_ptr=tree, NS=ns, SPAN=span, LEAF=leaf)
         else:
             # no level reaches any tile: never read, but typed float32 like a tree, as the kernel's
             # (compiled, never run) level loop expects
             tree = torch.empty(1, dtype=torch.float32, device=p.v.device)
-        grid = lambda meta: (triton.cdiv(n, meta["BT"]), triton.cdiv(d, meta["BV"]), BH)  # noqa: E731
+        grid = lambda meta: (cdiv(n, meta["BT"]), cdiv(d, meta["BV"]), BH)  # noqa: E731
         launch(_recursion_fwd_kernel, grid, config.get(spaces.FWD.name), **args,
                tree_ptr=tree, NS=ns, LEAF=leaf, LEVELS=levels)
         del tree

@@ -17,6 +17,7 @@ import triton.language as tl
 from ..api import Problem
 from ..autotune import autotune, launch
 from ..autotune.spaces import vanilla as spaces
+from ..autotune.spaces._util import cdiv
 from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
 from ._segments import final_state
 
@@ -80,7 +81,7 @@ def vanilla_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     B, H, n, r, d = p.shape
     args = problem_args(p)
     config = config or {}
-    fwd_grid = lambda meta: (B * H * triton.cdiv(n, meta["BT"]), triton.cdiv(d, meta["BV"]))  # noqa: E731
+    fwd_grid = lambda meta: (B * H * cdiv(n, meta["BT"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_vanilla_fwd_kernel, fwd_grid, config.get(spaces.FWD.name), **args)
     if p.state is not None:
         final_state(p, config)

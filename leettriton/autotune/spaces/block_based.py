@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-import triton
 
 from ..families import Family
-from ._util import pow2
+from ._util import cdiv, pow2
 from .lightning_attention import walk_space
 
 FWD = walk_space("block_based.fwd")
@@ -57,10 +56,10 @@ def segment_length(batch_heads: int, n: int, d: int, family: Family,
     if family.name == "cpu":
         return min(n, INTERPRETER_SEGMENT)
     bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
-    programs = batch_heads * triton.cdiv(d, bv)
+    programs = batch_heads * cdiv(d, bv)
     wave = PROGRAMS_PER_SM * family.num_sms
     segments = min(wave // programs, n // MIN_SEGMENT)
     if segments <= 1:
         return n
-    seg = triton.cdiv(triton.cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN
+    seg = cdiv(cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN
     return min(seg, n)

@@ -28,10 +28,9 @@ used up.  :func:`layout` predicts that split
 """
 from __future__ import annotations
 
-import triton
 
 from ..configs import KernelSpace
-from ._util import elem_bytes
+from ._util import elem_bytes, next_power_of_2
 
 _MIN_BV = 2
 MAX_BT = 8
@@ -40,7 +39,7 @@ _MAX_REGS = 200  # estimate of :func:`registers`; ptxas adds ~30 for addresses a
 
 def key_tile(r: int) -> int:
     """BK: the key dimension padded to a power of two (one program holds all of it)."""
-    return triton.next_power_of_2(int(r))
+    return next_power_of_2(int(r))
 
 
 def keys_per_word(args) -> int:
@@ -102,7 +101,7 @@ def _bt_cap(cfg) -> int:
 
 
 def _bv_cap(args) -> int:
-    return max(_MIN_BV, triton.next_power_of_2(int(args["D"])))
+    return max(_MIN_BV, next_power_of_2(int(args["D"])))
 
 
 def _fwd_keep(cfg) -> bool:

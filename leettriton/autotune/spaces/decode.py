@@ -10,21 +10,20 @@ programs; wide BV suits large batches.
 """
 from __future__ import annotations
 
-import triton
 
 from ..configs import KernelSpace
-from ._util import regs_per_thread
+from ._util import next_power_of_2, regs_per_thread
 
 _MIN_BV = 4  # one 16-byte vector of float32
 
 
 def key_tile(r: int) -> int:
     """BK: the whole key dimension, padded to a power of two (at least 16)."""
-    return max(16, triton.next_power_of_2(int(r)))
+    return max(16, next_power_of_2(int(r)))
 
 
 def _bv_cap(args) -> int:
-    return max(_MIN_BV, triton.next_power_of_2(int(args["D"])))
+    return max(_MIN_BV, next_power_of_2(int(args["D"])))
 
 
 def _step_keep(cfg) -> bool:

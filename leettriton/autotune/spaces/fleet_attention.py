@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-import triton
 
 from ..configs import KernelSpace
 from ..families import Family
+from ._util import cdiv, next_power_of_2
 
 VALUES_PER_THREAD = 32
 """Elements of one [BT, BV] tile per thread above which ptxas spills (measured, see above)."""
@@ -52,7 +52,7 @@ def _fwd_fits(cfg, args) -> bool:
     lanes = 32 * cfg["num_warps"]
     if cfg["BV"] < lanes:  # every thread owns at least one value column
         return False
-    if cfg["BV"] > max(lanes, triton.next_power_of_2(int(args["D"]))):
+    if cfg["BV"] > max(lanes, next_power_of_2(int(args["D"]))):
         return False
     values = cfg["BT"] * cfg["BV"] // lanes
     return MIN_VALUES_PER_THREAD <= values <= VALUES_PER_THREAD
@@ -102,13 +102,13 @@ def segment_length(batch_heads: int, n: int, d: int, family: Family,
     value tiles already fill the GPU or the sequence is too short to split.
     """
     if config:
-        warps = batch_heads * triton.cdiv(d, config["BV"]) * config.get("num_warps", 1)
+        warps = batch_heads * cdiv(d, config["BV"]) * config.get("num_warps", 1)
     else:
-        warps = batch_heads * triton.cdiv(d, REFERENCE_COLUMNS_PER_WARP)
+        warps = batch_heads * cdiv(d, REFERENCE_COLUMNS_PER_WARP)
     target = WARPS_PER_SM * family.num_sms
     shortest = MIN_SEGMENT.get(family.name, MIN_SEGMENT["default"])
-    segments = min(triton.cdiv(target, warps), n // shortest)
+    segments = min(cdiv(target, warps), n // shortest)
     if segments <= 1:
         return n
-    seg = triton.cdiv(triton.cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN
+    seg = cdiv(cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN
     return min(seg, n)

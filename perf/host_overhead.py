@@ -70,6 +70,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--n", type=int, default=None, help="sequence length (default: cuda 64, cpu 8192)")
     ap.add_argument("--heads", type=int, default=None, help="heads (default: cuda 1, cpu 32)")
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--profile", action="store_true", help="also run each method's calls under cProfile and "
+                    "print the functions with the most own time")
     opts = ap.parse_args(argv)
     if opts.device == "cpu" or opts.device is None and not _cuda():
         os.environ["TRITON_INTERPRET"] = "1"   # before leettriton is imported: the Triton path on CPU tensors
@@ -92,7 +95,7 @@ def main(argv=None) -> list[dict]:
           f"float16, with decay" + (f" (launches stubbed, family {opts.family})" if device == "cpu" else ""))
     rows = []
     with torch.no_grad():
-        for method in METHODS:
+        for method in opts.methods:
             def call():
                 return leettriton.linear_attention(b, c, v, gamma, method=method)
 
@@ -107,8 +110,35 @@ def main(argv=None) -> list[dict]:
                 torch.cuda.synchronize()
             us = (time.perf_counter() - start) / opts.calls * 1e6
             rows.append(dict(method=method, us_per_call=us))
-            print(f"  {method:<20} {us:7.1f} µs")
+            print(f"  {method:<20} {us:7.1f} µs", flush=True)
+            if opts.profile:
+                _profile(call, opts.calls, device)
     return rows
+
+
+def _profile(call, calls: int, device: str) -> None:
+    """The functions with the most own time over ``calls`` calls (µs per call)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:25]
+    out = io.StringIO()
+    for (path, line, name), (_cc, ncalls, tottime, cumtime, _callers) in rows:
+        where = f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}:{line}"
+        out.write(f"      {tottime / calls * 1e6:7.2f} µs own {cumtime / calls * 1e6:8.2f} µs cum "
+                  f"{ncalls / calls:5.1f}× {name} ({where})\n")
+    print(out.getvalue(), end="", flush=True)
 
 
 def _cuda() -> bool:

@@ -22,20 +22,27 @@ Three steps (tensor cores, except the elementwise combine of step 2):
    m·2^l − 1 with m odd is written last at level l − 1 (for l = 0 it is a leaf
    state) and never again, and then holds the state of the 2^l leaves before leaf
    m·2^l: the left state that level l sends to the right half starting there;
-3. ``recursion.fwd``: each [BT, BV] output tile (inside leaf q) is finalised by
-   one program: its dense product inside the leaf, then for every level l whose
-   bit is set in q that level's product (γ^(i+1) b_i) S_left, then the initial
-   state's term; accumulated in float32 registers and stored once.
+3. ``recursion.fwd``: each [BT, BV] output tile (inside leaf q, first row q0 =
+   q·L0) is finalised by one program: its dense product inside the leaf, then
+   the levels.  The levels whose bit is set in q reach the tile; by linearity
+   their terms γ^(i − first·L0 + 1) b_i S_left = γ^(i − q0 + 1) b_i ·
+   γ^((q − first)·L0) S_left share the row factor, so the program sums the
+   left states (each times its scalar decay, and the initial state times
+   γ^q0), a BK slice of r at a time, and multiplies b once: one [BT, r] @
+   [r, BV] product per tile instead of one per level.  Accumulated in float32
+   registers and stored once.
 
 Applying the levels inside the tile's program, rather than one pass over the
 output per level, keeps the float32 accumulation in registers: a pass per level
 would read and write a float32 copy of half the output at each of the
 log2(n/L0) levels, 3-4× the memory traffic of this whole method at r = d = 128,
-and would need that (B, H, n, d) float32 copy.
+and would need that (B, H, n, d) float32 copy.  The sum of left states is the
+same divide and conquer (each level's left state is still built by the tree and
+sent to every right half); only the multiplication by b is distributed over it.
 
-Cost: the leaf products O(n L0 (r + d)); the levels O(n log(n/L0) r d) -- each row
-meets about half of the log2(n/L0) levels, one [r]·[r, d] product each; the tree
-O(n r d / L0) of float32 traffic.  Memory: the tree, cdiv(n, L0) · r · d · 4 bytes
+Cost: the leaf products O(n L0 (r + d)); the levels O(n r d) products plus
+O((n / BT) log(n/L0) r d) float32 state reads and additions -- each tile meets
+about half of the log2(n/L0) levels; the tree O(n r d / L0) of float32 traffic.  Memory: the tree, cdiv(n, L0) · r · d · 4 bytes
 per batch·head (r = d = 128, L0 = 256: 256 B per row, as much as the 16-bit
 output row), built for a block of batch elements and heads at a time when larger
 than ``TREE_BYTES`` (autotune/spaces/recursion.py).  The final state comes from
@@ -93,18 +100,6 @@ def _recursion_level_kernel(
     tl.store(p_right, b_left + b_right, mask=m_e)
 
 
-@triton.jit
-def _state_product(acc, b_ptr, p_s, o_i, o_v, row_decay, stride_bn, stride_bk, stride_sk, stride_sd, N, R, D,
-                   DOT_PRECISION: tl.constexpr, BK: tl.constexpr):
-    """acc + (row_decay ⊙ b[o_i, :]) @ S[:, o_v] for a float32 state S, over r in BK slices."""
-    o_k = tl.arange(0, BK)
-    for k0 in range(0, R, BK):
-        b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R).to(tl.float32) * row_decay[:, None]
-        b_s = load_tile(p_s, k0 + o_k, o_v, stride_sk, stride_sd, R, D)
-        acc += mma(b_b, b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
-    return acc
-
-
 @autotune(spaces.FWD, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["N", "NS", "LEAF", "LEVELS"])
 def _recursion_fwd_kernel(
@@ -147,20 +142,35 @@ def _recursion_fwd_kernel(
         acc += mma(scores.to(b_v.dtype), b_v, DOT_PRECISION)  # [BT, BJ] @ [BJ, BV]
 
     # the levels: bit l of the leaf index set means the tile lies in the right half of a
-    # segment at level l, whose left state sits in slot (first leaf of that half) − 1;
-    # row i of the half (offset i from its start) receives γ^(i+1) b_i S_left
-    p_tree = tree_ptr + i_bh.to(tl.int64) * NS * R * D
-    for lev in range(0, LEVELS):
-        if (leaf >> lev) & 1:
-            first = (leaf >> lev) << lev
-            row_decay = decay(lam, o_i - first * LEAF + 1, HAS_DECAY)
-            acc = _state_product(acc, b_ptr, p_tree + (first - 1).to(tl.int64) * R * D, o_i, o_v, row_decay,
-                                 stride_bn, stride_bk, D, 1, N, R, D, DOT_PRECISION, BK)
-
-    if HAS_INITIAL:
-        s0_ptr += i_b * stride_s0b + i_h * stride_s0h
-        acc = _state_product(acc, b_ptr, s0_ptr, o_i, o_v, decay(lam, o_i + 1, HAS_DECAY), stride_bn, stride_bk,
-                             stride_s0k, stride_s0d, N, R, D, DOT_PRECISION, BK)
+    # segment at level l, whose left state sits in slot (first leaf of that half) − 1; row i
+    # (its offset from the half's start first·LEAF) receives γ^(i − first·LEAF + 1) b_i S_left.
+    # With q0 = leaf·LEAF that is γ^(i − q0 + 1) b_i · γ^((leaf − first)·LEAF) S_left, so the
+    # levels' left states, each scaled by its factor, are summed per BK slice of r first and
+    # meet b in one product (likewise the initial state, term γ^(i+1) b_i S₀ = γ^(i − q0 + 1)
+    # b_i · γ^q0 S₀)
+    if (leaf > 0) | HAS_INITIAL:
+        q0 = leaf * LEAF
+        row_decay = decay(lam, o_i - q0 + 1, HAS_DECAY)
+        p_tree = tree_ptr + i_bh.to(tl.int64) * NS * R * D
+        if HAS_INITIAL:
+            s0_ptr += i_b * stride_s0b + i_h * stride_s0h
+        for k0 in range(0, R, BK):
+            b_s = tl.zeros([BK, BV], dtype=tl.float32)
+            for lev in range(0, LEVELS):
+                if (leaf >> lev) & 1:
+                    first = (leaf >> lev) << lev
+                    p_left = p_tree + (first - 1).to(tl.int64) * R * D
+                    b_left = load_tile(p_left, k0 + o_k, o_v, D, 1, R, D)
+                    if HAS_DECAY:
+                        b_left *= tl.exp2(lam * ((leaf - first) * LEAF).to(tl.float32))
+                    b_s += b_left
+            if HAS_INITIAL:
+                b_s0 = load_tile(s0_ptr, k0 + o_k, o_v, stride_s0k, stride_s0d, R, D)
+                if HAS_DECAY:
+                    b_s0 *= tl.exp2(lam * q0.to(tl.float32))
+                b_s += b_s0
+            b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R).to(tl.float32) * row_decay[:, None]
+            acc += mma(b_b, b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
     store_tile(o_ptr, acc, o_i, o_v, stride_on, stride_od, N, D)
 
 

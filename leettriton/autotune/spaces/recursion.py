@@ -6,10 +6,10 @@ the shared segment-state kernel, space ``segments.state``):
 * ``recursion.level``: one launch per level of the tree; elementwise over
   float32 states (memory-bound), so only the block of elements and the warps vary.
 * ``recursion.fwd``: one program per [BT, BV] output tile: the dense decayed
-  product inside its leaf over key blocks of BJ rows (tensor cores), then one
-  [BT, r] @ [r, BV] product per level that reaches the tile, in BK slices of r,
-  with the level's float32 left state (TF32 for 16-bit inputs, ``precision`` for
-  float32).  It holds the output tile, the [BT, BJ] scores and a [BT, BK] slice
+  product inside its leaf over key blocks of BJ rows (tensor cores), then the
+  float32 left states of the levels that reach the tile, summed (each with its
+  decay) a [BK, BV] slice at a time, and one [BT, r] @ [r, BV] product with them
+  in BK slices of r (TF32 for 16-bit inputs, ``precision`` for float32).  It holds the output tile, the [BT, BJ] scores and a [BT, BK] slice
   of b as a float32 operand; the b, c, v and state slices are pipelined.
 """
 from __future__ import annotations
@@ -20,12 +20,12 @@ from ._util import elem_bytes, pow2, regs_per_thread
 LEAF = {"cpu": 32, "default": 256}
 """Rows of a leaf, by family: a power of two, at least every BT of the family's ``FWD`` list.
 The leaves are computed densely; every doubling of the leaf removes a level of the
-tree (about half a [r] · [r, d] TF32 product per row) and halves the tree's memory
-and float32 traffic, and costs a dense product twice as long.  Estimate per row at
-r = d = 128, n = 100 000, in 16-bit-product units: leaf 64 K, levels 280 K (L0 = 256);
-33 K + 315 K (128); 130 K + 250 K (512): flat between 128 and 512, and 256 keeps
-the tree at 256 B per row.  The interpreter's value is small so that short test
-sequences have several levels."""
+tree (half an [r, d] float32 state read per output tile, on average) and halves the
+tree's memory and float32 traffic (leaf states, level passes), and costs a dense
+product twice as long.  At L0 = 256 and r = d = 128 the tree is 256 B per row, as
+much as one 16-bit output row, and the dense product averages 192 keys per row; 128
+would double the tree's traffic, 512 double the dense product.  The interpreter's
+value is small so that short test sequences have several levels."""
 
 TREE_BYTES = 4 << 30
 """Largest float32 state tree (cdiv(n, LEAF) states of r × d per batch element and

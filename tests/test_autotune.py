@@ -105,3 +105,52 @@ def test_problem_args_are_built_once_and_handed_out_as_copies():
     second = problem_args(p)
     assert "BK" not in second and second["b_ptr"] is p.b and second["HAS_DECAY"]
     assert second["stride_bn"] == b.stride(2)
+
+
+def test_an_autotuned_choice_is_launched_directly_until_the_autotuner_forgets_it(monkeypatch):
+    import leettriton
+
+    kernel = KERNELS["lightning_attention.fwd"]
+    calls = []
+    tuned_run = kernel.run
+
+    def counting_run(*args, **kwargs):
+        calls.append(kwargs.get("grid"))
+        return tuned_run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", counting_run)
+    kernel.cache.clear()
+    gen = torch.Generator().manual_seed(0)
+    b, c, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    ref = leettriton.reference(b, c, v, 0.9).float()
+
+    def call(x=b):
+        return leettriton.linear_attention(x, c.to(x.dtype), v.to(x.dtype), 0.9, method="lightning_attention")
+
+    torch.testing.assert_close(call(), ref, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 1 and kernel.cache              # the first launch tunes
+    first = kernel.best_config
+    kernel.best_config = None
+    torch.testing.assert_close(call(), ref, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 1                               # the second goes straight to the kernel
+    assert kernel.best_config is first                   # and says which config ran
+    call(b.to(torch.float16))
+    assert len(calls) == 2                               # another dtype is another key: tuned
+    kernel.cache.clear()
+    torch.testing.assert_close(call(), ref, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 3                               # a cleared autotuner tunes again
+
+
+def test_config_fit_cache_tells_precisions_and_alignments_apart(monkeypatch):
+    from leettriton.autotune import configs
+
+    monkeypatch.setattr(configs, "current_family", lambda *a: FAMILIES["h100"])
+    space = KERNELS["recursion.fwd"].space
+    cfg = dict(BT=128, BJ=64, BK=32, BV=64, num_warps=4, num_stages=2)
+    x = torch.empty(1, 1, 1, 1, dtype=torch.float32)
+    args = dict(v_ptr=x, R=128, D=128, DOT_PRECISION="tf32", stride_bn=128, stride_cn=128, stride_vn=128,
+                stride_on=128, stride_bk=1, stride_ck=1, stride_vd=1, stride_od=1)
+    ieee = dict(args, DOT_PRECISION="ieee")
+    assert configs._fits(space, cfg, args) == space.fits(cfg, args)
+    assert configs._fits(space, cfg, ieee) == space.fits(cfg, ieee)
+    assert space.fits(cfg, args) != space.fits(cfg, ieee)   # the case the cache must not merge

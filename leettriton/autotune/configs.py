@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
 import triton
 
 from .families import FAMILIES, Family, current_family, is_interpreting
@@ -168,6 +169,8 @@ def autotune(space: KernelSpace, key: Sequence[str], **kwargs):
             **kwargs,
         )(fn)
         tuned.space = space
+        tuned.key_names = tuple(key)
+        tuned.chosen = {}  # launch key -> (Config, its launch kwargs): see launch()
         KERNELS[space.name] = tuned
         return tuned
 
@@ -176,13 +179,19 @@ def autotune(space: KernelSpace, key: Sequence[str], **kwargs):
 
 _launch_log = threading.local()
 _FITS_CACHE: dict[tuple, bool] = {}
+_ROW_STRIDES = ("stride_bn", "stride_cn", "stride_vn", "stride_on")
+_INNER_STRIDES = ("stride_bk", "stride_ck", "stride_vd", "stride_od")
 
 
 def _fits(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> bool:
-    """Whether ``config`` is one of the family's configs that fit this launch (cached per shape class)."""
+    """Whether ``config`` is one of the family's configs that fit this launch (cached per shape class:
+    the sizes r, d (and KW), the dot precision, the dtype of v, which rows are 16-element aligned
+    and the inner strides -- what the spaces' ``smem`` and ``fits`` functions read besides the config)."""
     family = current_family()
-    dtypes = tuple(a.dtype for a in args.values() if hasattr(a, "dtype"))
-    key = (space.name, family.name, tuple(config.items()), args.get("R"), args.get("D"), dtypes)
+    v = args.get("v_ptr")
+    key = (space.name, family.name, tuple(config.items()), args.get("R"), args.get("D"), args.get("KW"),
+           args.get("DOT_PRECISION"), getattr(v, "dtype", None),
+           tuple(args.get(k, 0) % 16 == 0 for k in _ROW_STRIDES), tuple(args.get(k) for k in _INNER_STRIDES))
     hit = _FITS_CACHE.get(key)
     if hit is None:
         if family.name == "cpu":
@@ -219,11 +228,35 @@ def launch(kernel, grid, config: ConfigDict | None, **args):
         # (still no benchmarking on the call path)
         config = kernel.space.usable(current_family(), args)[0]
     if config is None:
-        return kernel[grid](**args)
+        return _autotuned_launch(kernel, grid, args)
     meta = dict(config)
     num_warps = meta.pop("num_warps", 4)
     num_stages = meta.pop("num_stages", 2)
     return kernel.fn[grid](**args, **meta, num_warps=num_warps, num_stages=num_stages)
+
+
+def _autotuned_launch(kernel, grid, args):
+    """``kernel[grid](**args)``, the autotuner's choice for this key launched directly once made.
+
+    Triton's autotuner recomputes its key from every argument on each call (tens of
+    microseconds for the ~45 arguments of these kernels).  The key here is the one
+    Triton uses (the ``key`` arguments and the dtype of every tensor argument); a choice
+    is reused only while the autotuner still holds it (clearing ``kernel.cache`` forces a
+    new tuning), and ``kernel.best_config`` is kept up to date as Triton does.
+    """
+    key = (tuple(args[k] for k in kernel.key_names),
+           tuple(a.dtype for a in args.values() if isinstance(a, torch.Tensor)))
+    hit = kernel.chosen.get(key)
+    if hit is not None:
+        cfg, kwargs = hit
+        if any(c is cfg for c in kernel.cache.values()):
+            kernel.best_config = cfg
+            return kernel.fn[grid](**args, **kwargs)
+    ret = kernel[grid](**args)
+    cfg = getattr(kernel, "best_config", None)
+    if cfg is not None and cfg.pre_hook is None:
+        kernel.chosen[key] = (cfg, cfg.all_kwargs())
+    return ret
 
 
 def chosen_config(kernel) -> dict[str, int] | None:

@@ -36,14 +36,15 @@ def _problem_args(p: Problem) -> dict:
     lam = p.log2_gamma if p.log2_gamma is not None else p.out
     s0 = p.initial_state if p.initial_state is not None else p.out
     st = p.state if p.state is not None else p.out
+    sb, sc, sv, so, ss0, sst = (x.stride() for x in (p.b, p.c, p.v, p.out, s0, st))
     return dict(
         b_ptr=p.b, c_ptr=p.c, v_ptr=p.v, o_ptr=p.out, lam_ptr=lam, s0_ptr=s0, st_ptr=st,
-        stride_bb=p.b.stride(0), stride_bh=p.b.stride(1), stride_bn=p.b.stride(2), stride_bk=p.b.stride(3),
-        stride_cb=p.c.stride(0), stride_ch=p.c.stride(1), stride_cn=p.c.stride(2), stride_ck=p.c.stride(3),
-        stride_vb=p.v.stride(0), stride_vh=p.v.stride(1), stride_vn=p.v.stride(2), stride_vd=p.v.stride(3),
-        stride_ob=p.out.stride(0), stride_oh=p.out.stride(1), stride_on=p.out.stride(2), stride_od=p.out.stride(3),
-        stride_s0b=s0.stride(0), stride_s0h=s0.stride(1), stride_s0k=s0.stride(-2), stride_s0d=s0.stride(-1),
-        stride_stb=st.stride(0), stride_sth=st.stride(1), stride_stk=st.stride(-2), stride_std=st.stride(-1),
+        stride_bb=sb[0], stride_bh=sb[1], stride_bn=sb[2], stride_bk=sb[3],
+        stride_cb=sc[0], stride_ch=sc[1], stride_cn=sc[2], stride_ck=sc[3],
+        stride_vb=sv[0], stride_vh=sv[1], stride_vn=sv[2], stride_vd=sv[3],
+        stride_ob=so[0], stride_oh=so[1], stride_on=so[2], stride_od=so[3],
+        stride_s0b=ss0[0], stride_s0h=ss0[1], stride_s0k=ss0[-2], stride_s0d=ss0[-1],
+        stride_stb=sst[0], stride_sth=sst[1], stride_stk=sst[-2], stride_std=sst[-1],
         H=H, N=n, R=r, D=d,
         HAS_DECAY=p.log2_gamma is not None,
         HAS_INITIAL=p.initial_state is not None,

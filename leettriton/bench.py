@@ -783,6 +783,13 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
     done = done or {}
     log = log or _print
     bandwidth = bandwidth or copy_bandwidth(device)
+    if done:
+        try:
+            prime_autotuners(entries, dtypes=dtypes, batch=batches[0], n=min(seqlens), decays=decays, heads=heads,
+                             r=r, d=d, device=device, gamma=gamma, seed=seed, log=log)
+        except DeviceFailure as exc:
+            exc.rows = list(done.values())   # the earlier run's rows are kept
+            raise
     rows: list[dict] = []
     over_budget: dict[tuple, str] = {}
     history: dict[tuple, list] = {}
@@ -807,14 +814,7 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                     inputs_note = f"inputs do not fit ({_oom_text(exc)})"
                     free_memory()
                 for decay in decays:
-                    g = None
-                    if decay:
-                        if gamma is None:
-                            g = decay_gammas(heads, device)
-                        elif isinstance(gamma, torch.Tensor):
-                            g = gamma.detach().reshape(heads).to(device=device, dtype=torch.float32)
-                        else:
-                            g = torch.full((heads,), float(gamma), device=device, dtype=torch.float32)
+                    g = _grid_gamma(decay, gamma, heads, device)
                     floor = memory_floor_ms(batch, heads, n, r, d, dt, bandwidth)
                     orc, orc_note = None, ""
                     if check and b is not None and pending(decay):
@@ -889,6 +889,56 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                 b = c = v = None
                 free_memory()
     return rows
+
+
+def _grid_gamma(decay: bool, gamma, heads: int, device) -> Optional[torch.Tensor]:
+    """The ``(heads,)`` float32 γ of a decayed cell (``gamma``, or :func:`decay_gammas`), None without decay."""
+    if not decay:
+        return None
+    if gamma is None:
+        return decay_gammas(heads, device)
+    if isinstance(gamma, torch.Tensor):
+        return gamma.detach().reshape(heads).to(device=device, dtype=torch.float32)
+    return torch.full((heads,), float(gamma), device=device, dtype=torch.float32)
+
+
+PRIMED_KINDS = ("triton", "peer")
+
+
+def prime_autotuners(entries: Sequence[Entry], *, dtypes: Sequence, batch: int, n: int, decays: Sequence[bool],
+                     heads: int, r: int, d: int, device, gamma=None, seed: int = 0,
+                     log: Optional[Callable[[str], None]] = None) -> list[str]:
+    """Call every Triton method and peer once at the grid's first cell (per dtype and decay).
+
+    The kernels' autotuners choose a config per key, and n is not in the key: a run over
+    the grid tunes each at its first, smallest cell.  A resumed run starts in a fresh
+    process at a later cell, where tuning would time every config at that (perhaps huge)
+    shape -- minutes per kernel -- and then choose differently from the earlier run.
+    Calling each entry once here first makes them choose where the earlier run did.
+    Returns the labels primed; a failure is logged and left to the cell's own measurement.
+    """
+    log = log or _print
+    primed = []
+    for dt in dtypes:
+        b, c, v = make_inputs(batch, heads, n, r, d, parse_dtype(dt), device, seed=seed)
+        for decay in decays:
+            g = _grid_gamma(decay, gamma, heads, device)
+            for entry in entries:
+                if entry.kind not in PRIMED_KINDS:
+                    continue
+                try:
+                    fn = entry.make(b, c, v, g)
+                    fn()
+                    primed.append(entry.label)
+                except Exception as exc:  # noqa: BLE001  (its cells report it)
+                    if _is_fatal(exc):
+                        raise DeviceFailure(_first_line(exc)) from exc
+                    log(f"priming {entry.label}: {type(exc).__name__}: {_first_line(exc)}")
+        b = c = v = None
+        free_memory()
+    sync(device)
+    log(f"primed the autotuners of {len(set(primed))} methods at batch {batch}, n {n} (as the earlier run met them first)")
+    return primed
 
 
 def cell_key(method: str, dtype, batch: int, heads: int, n: int, r: int, d: int, decay: bool) -> tuple:

@@ -444,3 +444,23 @@ def test_a_file_that_is_not_a_bench_run_is_refused_by_name(tmp_path, register):
         bench.main([*TINY, "--methods", "vanilla_torch", "--n", "16", "--json", str(out), "--resume"])
     with pytest.raises(SystemExit, match="--from-json: .*bench.json is not"):
         bench.main(["--from-json", str(out)])
+
+
+def test_a_resumed_grid_primes_the_autotuned_entries_at_its_first_cell():
+    seen = []
+
+    def make(b, c, v, gamma):
+        seen.append((b.shape[2], gamma is not None))
+        return lambda: leettriton.linear_attention(b, c, v, gamma, method="vanilla_torch")
+
+    entries = [bench.Entry("tuned", "triton", make), bench.method_entry("vanilla_torch")]
+    grid = dict(dtypes=["float32"], batches=[1], seqlens=[16, 32], decays=[True], heads=2, r=8, d=8, device="cpu",
+                rep_ms=5, warmup_ms=1, bandwidth=1e9)
+    rows = bench.run_grid(entries, **grid)
+    assert seen == [(16, True), (32, True)]                  # a fresh run measures its cells, nothing more
+    done = {bench.cell_key(r["method"], torch.float32, 1, 2, r["n"], 8, 8, True): r for r in rows if r["n"] == 16}
+    seen.clear()
+    again = bench.run_grid(entries, done=done, **grid)
+    assert seen == [(16, True), (32, True)]                  # primed at n = 16 first, then the pending n = 32 cell
+    assert [r["n"] for r in again] == [16, 16, 32, 32] and again[0] is done[bench.cell_key("tuned", torch.float32, 1,
+                                                                                          2, 16, 8, 8, True)]

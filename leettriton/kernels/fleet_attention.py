@@ -28,8 +28,8 @@ be cut short, has no next block and skips it.
 
 Cost per batch·head: n·r·d·BT multiply-adds on tensor cores for the rank loop
 (BT times the algorithm's n·r·d: the price of turning the chain into products)
-and n·r·d for the carries, plus 3 n·r·d elementwise float32 operations (c ⊙ v,
-the carry term, the b-weighted sum); memory traffic: b, c, v read once per
+and n·r·d for the carries, plus 3 n·r·d elementwise operations on CUDA cores
+(c ⊙ v, the carry term, the b-weighted sum); memory traffic: b, c, v read once per
 value tile (the columns of b and c come from L1/L2 for each rank), o written
 once, the [r, BV] carry slice read once per block and written once.  On the
 H100 at r = d = 128, fp16, heads 32: 2.16 ms at batch 1 × 8192, 25.3 ms at
@@ -58,7 +58,8 @@ and the carries, the state and the output sum stay float32.  float16 inputs
 give the L @ (c ⊙ v) and carry products float16 operands: c ⊙ v is the float16
 product of two float16 values (rounded once), L and c ⊙ w are decays ≤ 1
 rounded to float16 -- relative errors of 2^-11 per term, as the decayed scores
-of the chunked kernels.  bfloat16 and float32 inputs give them float32
+of the chunked kernels (and, like them, a product |c·v| beyond float16's 65504
+would overflow).  bfloat16 and float32 inputs give them float32
 operands: for bfloat16 the products run at TF32 (``DOT_PRECISION``), whose
 10-bit mantissa is longer than bfloat16's 7; for float32 they run at the
 caller's precision, true float32 (``"ieee"``, the default: within 1e-5 of the

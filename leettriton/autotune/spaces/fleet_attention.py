@@ -39,7 +39,9 @@ r = d = 256, since BK, not r, sets the update's tiles):
 
 :data:`HELD_PER_THREAD` separates them: the held estimate of ``_fwd_fits`` is
 176 values for fp16 at BT 64 × BV 128 × 4 warps (clean on sm_90) and 224 for
-float32 operands (spills); every other config is at most 128.  float32 inputs
+float32 operands (spills); every other config is at most 128.  That fp16 config
+spills 8 B on sm_86/89 and 56 B on sm_80; it is kept there (``fits`` does not see
+the family, and it is the measured best on sm_90; not measured on those parts).  float32 inputs
 with ``precision="ieee"`` run the products on CUDA cores (BT multiply-adds per
 output element and rank, where the scan did 3): only 32-row blocks with at most
 16 accumulator values per thread compile without spills (or with 8 bytes) on

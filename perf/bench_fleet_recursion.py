@@ -4,14 +4,18 @@ heads 32, r = d = 128, with decay (γ per head 0.969 … 0.996), float16 and flo
 with n ∈ {2048, 8192, 32768, 100000} and batch 16 with n ∈ {2048, 8192, 25600};
 fleet_attention, recursion, lightning_attention and block_based.
 
-* fleet_attention does its work on CUDA cores.  Its multiply-adds are counted as
-  **2·n·r·d per batch·head**: for every rank column k, position t and value column j,
-  one for the decayed scan h ← γ·h + c_{t,k}·v_{t,j} and one for the weighted sum
-  o ← o + b_{t,k}·h (the product c·v is folded into the first; a kernel may spend more
-  instructions, this is the work the algorithm needs).  The achieved rate
-  (count ÷ median time) is compared with the GPU's float32 FMA rate, measured in this
-  run by an FMA-bound Triton kernel (eight independent FMA chains per element); the
-  datasheet figure is shown beside it as a lead.  Target: fleet_attention ≤ 10× the
+* fleet_attention's multiply-adds are counted as the algorithm's **2·n·r·d per
+  batch·head**: for every rank column k, position t and value column j, one for the
+  decayed scan h ← γ·h + c_{t,k}·v_{t,j} and one for the weighted sum o ← o + b_{t,k}·h
+  (the product c·v is folded into the first; this is the work the algorithm needs,
+  not what a kernel spends).  The achieved rate (count ÷ median time) is compared with
+  the GPU's float32 FMA rate, measured in this run by an FMA-bound Triton kernel (eight
+  independent FMA chains per element); the datasheet figure is shown beside it as a
+  lead.  The kernel computes the scans a block of BT rows at a time as tensor-core
+  products (BT·n·r·d multiply-adds, kernels/fleet_attention.py), not on CUDA cores as
+  the row-by-row scan it replaced did, so the ratio can exceed what that scan could
+  reach, and even 100%: it says how far the algorithm's work is from the CUDA-core
+  limit, not how busy the tensor cores are.  Target: fleet_attention ≤ 10× the
   best chunked method at batch 1, n 8192.
 * recursion is O(n log n · r·d): the table shows time ÷ (n·log2 n) and the exponent α
   of a least-squares fit time ∝ n^α over the batch-1 lengths.  Targets: within 3× of

@@ -5,7 +5,7 @@
 #   OUT=/tmp/out bash perf/gpu_session.sh tests bench_chunked ...
 #
 # Steps: env, warm, tests, tests_quick, bench_decode, bench_chunked, bench_fleet, bench_auto, tune,
-# bench_main, fleet_dot, host_overhead, profile.  Each step's output goes to <step>.log; after every step the
+# bench_main, host_overhead, profile.  Each step's output goes to <step>.log; after every step the
 # logs, perf/results and the heuristic files are packed into $OUT again, so a call cut off by its time
 # limit still brings back what the finished steps produced.  A failing step does not stop the others.
 set -u
@@ -52,7 +52,6 @@ for spec in "$@"; do
     bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results "${extra[@]}" ;;
     bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results "${extra[@]}" ;;
     bench_auto) run bench_auto python3 perf/bench_auto.py --out perf/results "${extra[@]}" ;;
-    fleet_dot) run fleet_dot python3 perf/fleet_dot.py --out perf/results "${extra[@]}" ;;
     host_overhead) run host_overhead python3 perf/host_overhead.py --device cuda "${extra[@]}" ;;
     profile) run profile python3 perf/profile_kernels.py "${extra[@]}" ;;
     tune) run tune python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --quick --max-minutes "${TUNE_MINUTES:-8}" "${extra[@]}" ;;

@@ -149,3 +149,19 @@ def test_fleet_attention_is_bitwise_deterministic():
         assert torch.equal(o, runs[0][0]) and torch.equal(s, runs[0][1])
     ref = leettriton.reference(b, c, v, gamma, initial_state=s0)
     assert_close(runs[0][0], ref, tolerance(case.dtype), "fleet_attention output [deterministic case]")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+def test_fleet_attention_segments_with_sliced_carries(dtype):
+    """Several segments, an initial and a final state, r wider than one BK slice of the carry
+    update and d wider than one value tile (both cut short): agreement with the oracle."""
+    from leettriton.autotune import current_family
+    from leettriton.autotune.spaces import fleet_attention as spaces
+
+    case = Case(1, 1, 300, 200, 150, dtype=dtype, gamma=0.95, initial=True, return_state=True, seed=17)
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    family = current_family(v.device)
+    first = spaces.FWD.family_configs(family)[0]
+    assert spaces.segment_length(1, case.n, case.d, family) < case.n      # the multi-segment path runs
+    assert case.r > first["BK"] and case.r % first["BK"] and case.d > first["BV"]
+    check_against_oracle("fleet_attention", case)

@@ -1,113 +1,148 @@
-"""Configs of the fleet_attention scan kernel, and the rule that cuts the sequence into segments.
+"""Configs of the blockwise fleet_attention kernel, and the rule that cuts the sequence into segments.
 
-One program is ``num_warps`` warps that own a [BT, BV] output tile at a time;
-the kernel keeps every value column of the tile inside one thread (see
-kernels/fleet_attention.py), so a thread holds BT · BV / (32 · num_warps)
-"values" of each of three float32 tiles (v, the output, the working scan) plus
-the BT values of one column of b and of c.  compile_check (perf/compile_check.py)
-and the SASS of the rank loop at r = d = 128, fp16, sm_90, with decay:
+Axes: BT (rows per block: the [BT, BT] decay matrix L and the rows of each
+tile product), BV (value columns per program), BK (ranks per slice of the carry
+update), num_warps, num_stages.  See kernels/fleet_attention.py.
 
-    BT  BV  warps  values  registers  instructions per (t, k, j) element
-    32   64    2      32       200        4.27
-    32  128    4      32       202        4.36
-    32   32    1      32       200        4.13
-    16   64    1      32       192        4.46
-    16  128    2      32       138        4.52
-     8  128    1      32       144        4.36
-    16   64    2      16       124        5.22
-    16   32    1      16       124        5.03
-     8   64    1      16       120        5.80
+Measured on an H100 (fp16, heads 32, r = d = 128, with decay) by the experiment
+that chose this kernel (perf/fleet_dot.py, in the history before it became the
+library's kernel), beside the row-by-row scan it replaced:
 
-Three of those instructions are the work itself (c·v, the decayed step
-h ← γh + c·v, the weighted sum o ← o + b·h; two without decay, 3.27 in all);
-the rest is the broadcast of the b and c columns to every lane (shared memory)
-and the carry load and store.  Above 32 values per thread ptxas spills; below 16
-the broadcast dominates.  BT also sets the carry traffic: one float32 load and
-store per rank column and value column per block, i.e. 8/BT bytes per element
-(L1/L2), which is why the longer blocks come first.
+    batch × n     best config                          time     the row-by-row scan
+    1 × 8192      BT 64, BV 128, 4 warps, 2 stages     2.16 ms   9.7 ms
+                  BT 64, BV  64, 4 warps               2.45 ms
+                  BT 32, BV 128, 4 warps               2.87 ms
+    1 × 2048      BT 64, BV 128, 4 warps               0.63 ms
+    1 × 100 000   BT 64, BV 128, 4 warps, 2 stages    25.3 ms   146 ms
+    16 × 8192     BT 64, BV 128, 4 warps, 1 stage     32.3 ms   151 ms   (8 warps: 47 ms)
+
+so each family's list starts with BT 64, BV 128, 4 warps (the first fitting
+config is what runs untuned).  The experiment's carry update held all r rows of
+the carries ([r, BV] float32) and of c ([BT, r] float32) at once: 256 + 128
+values per thread at r = 256, BT 64, BV 128, 4 warps; it now holds BK rows
+(BK = 32: 32 + 16), whatever r.
+
+One program holds in registers the [BT, BV] float32 output accumulator and the
+product h_k ([BT, BV] float32), the block's v tile (float32 for bfloat16 and
+float32 inputs, float16 otherwise) and L as an operand ([BT, BT]), plus, in the
+carry update, one [BK, BV] float32 slice of the carries.  Compiled cubins
+(``python -m leettriton.autotune.compile --methods fleet_attention``, Triton
+3.6; registers / spilled bytes / shared memory at r = d = 128 -- the same at
+r = d = 256, since BK, not r, sets the update's tiles):
+
+    BT  BV  warps   fp16 sm_90      fp16 sm_86     bf16 sm_90      fp32 tf32 sm_90
+    64 128    4     247 / 0 / 32K   255 / 8 / 24K  255 / 88 / 80K  255 / 72-320 / 56K
+    64 128    8     183 / 0 / 32K   218 / 0 / 40K  220 / 0 / 80K   228 / 0 / 56K
+    64  64    4     162 / 0 / 20K   222 / 0 / 24K  222 / 0 / 48K   231 / 0 / 40K
+    32 128    4     208 / 0 / 10K   209 / 0 / 10K  222 / 0 / 20K   220 / 0 / 37K
+    32  64    4     122 / 0 /  6K   150 / 0 /  6K  140 / 0 / 12K   167 / 0 / 20K
+
+:data:`HELD_PER_THREAD` separates them: the held estimate of ``_fwd_fits`` is
+176 values for fp16 at BT 64 × BV 128 × 4 warps (clean on sm_90) and 224 for
+float32 operands (spills); every other config is at most 128.  That fp16 config
+spills 8 B on sm_86/89 and 56 B on sm_80; it is kept there (``fits`` does not see
+the family, and it is the measured best on sm_90; not measured on those parts).  float32 inputs
+with ``precision="ieee"`` run the products on CUDA cores (BT multiply-adds per
+output element and rank, where the scan did 3): only 32-row blocks with at most
+16 accumulator values per thread compile without spills (or with 8 bytes) on
+sm_80 and sm_90; 64-row blocks spill 0.3-8 KB.
 """
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Optional
-
 
 from ..configs import KernelSpace
 from ..families import Family
-from ._util import cdiv, next_power_of_2
+from ._util import cdiv, elem_bytes, pow2, regs_per_thread
 
-VALUES_PER_THREAD = 32
-"""Elements of one [BT, BV] tile per thread above which ptxas spills (measured, see above)."""
+HELD_PER_THREAD = 192
+"""Float32 values a thread may hold (as ``_fwd_fits`` counts them) before ptxas spills."""
 
-MIN_VALUES_PER_THREAD = 16
-"""Below this the broadcast of the b and c columns outweighs the work it feeds (and BT 8 ×
-BV 128 × 4 warps, 8 values, even spills)."""
+IEEE_ACC_PER_THREAD = 16
+"""Accumulator values per thread above which the CUDA-core products of ``precision="ieee"`` spill."""
+
+
+def _operand_bytes(args) -> int:
+    """Bytes of one tensor-core operand element: 2 for float16 inputs, 4 otherwise (float32 operands)."""
+    t = args.get("v_ptr")
+    return 2 if getattr(t, "dtype", None) is not None and str(t.dtype) == "torch.float16" else 4
 
 
 def _fwd_smem(cfg, args) -> int:
-    # the b and c columns staged for their broadcast to every lane (an upper bound)
-    return 2 * 8 * cfg["BT"] * 4 * cfg["num_warps"]
+    """Shared memory of one program (an upper bound, 1.1-2.8× the compiled figures above): the
+    c ⊙ v, L and c-slice operands, a float32 [BT, BV] tile for layout conversions, and
+    ``num_stages`` copies of the per-rank columns of b and c and the carry row."""
+    es, ob = elem_bytes(args), _operand_bytes(args)
+    bt, bk, bv = cfg["BT"], cfg["BK"], cfg["BV"]
+    return (bt * bv + bt * bt + bt * bk) * ob + bt * bv * 4 + cfg["num_stages"] * (2 * bt * es + bv * 4)
 
 
 def _fwd_fits(cfg, args) -> bool:
-    lanes = 32 * cfg["num_warps"]
-    if cfg["BV"] < lanes:  # every thread owns at least one value column
+    bt, bk, bv, warps = cfg["BT"], cfg["BK"], cfg["BV"], cfg["num_warps"]
+    if bv > max(64, pow2(args["D"])) or bk > max(32, pow2(args["R"])):
         return False
-    if cfg["BV"] > max(lanes, next_power_of_2(int(args["D"]))):
-        return False
-    values = cfg["BT"] * cfg["BV"] // lanes
-    return MIN_VALUES_PER_THREAD <= values <= VALUES_PER_THREAD
+    if elem_bytes(args) == 4 and args.get("DOT_PRECISION") == "ieee":
+        return bt == 32 and regs_per_thread(bt * bv, warps) <= IEEE_ACC_PER_THREAD
+    # the accumulator and h_k in float32; v and L as operands (float16 or float32)
+    held = 2 * bt * bv + (bt * bv + bt * bt) * _operand_bytes(args) // 4
+    return regs_per_thread(held, warps) <= HELD_PER_THREAD
 
+
+# value order = preference: the first fitting config is the one run untuned (measured best first)
+_GPU = dict(BT=[64, 32], BV=[128, 64], BK=[32], num_warps=[4, 8], num_stages=[2, 1])
 
 FWD = KernelSpace(
     name="fleet_attention.fwd",
-    axes={
-        "default": dict(BT=[32, 16, 8], BV=[64, 128, 32], num_warps=[2, 1, 4], num_stages=[1]),
-        # sm_86 spills BT 8 × BV 128 in one warp (ptxas caps it at 168 registers)
-        "a6000": dict(BT=[32, 16, 8], BV=[64, 32], num_warps=[2, 1], num_stages=[1]),
-        "ada": dict(BT=[32, 16, 8], BV=[64, 32], num_warps=[2, 1], num_stages=[1]),
-        "h100": dict(BT=[32, 16, 8], BV=[64, 128, 32], num_warps=[2, 1, 4], num_stages=[1]),
-        "h200": dict(BT=[32, 16, 8], BV=[64, 128, 32], num_warps=[2, 1, 4], num_stages=[1]),
-    },
-    # the fastest interpreter config on the test shapes (tried BT 16-64 × BV 64-256): whole tiles
-    # are numpy calls, so fewer and larger ones win
-    cpu=dict(BT=64, BV=256, num_warps=1, num_stages=1),
+    axes={"default": _GPU, "a100": _GPU, "a6000": _GPU, "ada": _GPU, "h100": _GPU, "h200": _GPU},
+    # the fastest under the interpreter on the test shapes (BT 32-128 × BV 64-256 × BK 32-256 timed):
+    # larger tiles make each numpy call slower than the calls they save
+    cpu=dict(BT=64, BK=64, BV=128, num_warps=4, num_stages=1),
     smem=_fwd_smem,
     fits=_fwd_fits,
 )
 
-WARPS_PER_SM = 8
-"""Warps of the scan to aim for per multiprocessor: the decayed step is a chain of
-dependent FMAs per column, so several warps per scheduler hide its latency
-(ten warps of ~200 registers fit on one SM)."""
+PROGRAMS_PER_SM = 4
+"""Programs to aim for per multiprocessor (see :func:`segment_length`)."""
 
-MIN_SEGMENT = {"cpu": 64, "default": 256}
+MIN_SEGMENT = {"cpu": 64, "default": 128}
 """Fewest rows per segment: each segment costs one float32 start state (r·d·4 B,
-written by the segment-state pass and read back as carries), small against the
-segment's own scan work at this length.  The interpreter's value is small so that
-short test sequences still run the multi-segment path."""
+written by the segment-state pass and read back as carries) and a cut-short block.
+128 rows (two blocks of 64) still lets 1 × 32 heads × 2048 take its measured best of
+16 segments.  The interpreter's value is small so that short test sequences run the
+multi-segment path."""
 
-SEGMENT_ALIGN = 64
-"""Segment lengths are multiples of every BT, so no tile straddles two segments."""
+SEGMENT_ALIGN = max([FWD.cpu["BT"]] + [max(axes["BT"]) for axes in FWD.axes.values()])
+"""Segment lengths are multiples of every BT, so only a segment's last block is cut short."""
 
-REFERENCE_COLUMNS_PER_WARP = 64
-"""Value columns per warp that the segment count assumes when no config is pinned."""
+
+@functools.lru_cache(maxsize=None)
+def _first_bv(family_name: str) -> int:
+    """BV of the family's first config: the one the segment count assumes when none is pinned."""
+    return FWD.family_configs(family_name)[0]["BV"]
 
 
 def segment_length(batch_heads: int, n: int, d: int, family: Family,
                    config: Optional[Mapping[str, int]] = None) -> int:
     """Rows per segment for ``batch_heads`` sequences of ``n`` rows and value width ``d``.
 
-    Aims at ``WARPS_PER_SM × family.num_sms`` warps in all, each segment at least
-    ``MIN_SEGMENT`` rows; returns ``n`` (one segment) when batch·heads and the
-    value tiles already fill the GPU or the sequence is too short to split.
+    The kernel runs batch·heads × cdiv(d, BV) × segments programs (BV: the pinned
+    config's, else the family's first).  The segment count is the largest that
+    keeps them within ``PROGRAMS_PER_SM × family.num_sms`` (rounding down), each
+    segment at least ``MIN_SEGMENT`` rows.  On the H100 (132 SMs, target 528) at
+    r = d = 128 with one BV = 128 tile: batch·heads 32 gives 16 segments, which
+    beat 4 and 1 at n = 2048, 8192 and 100 000; batch·heads 512 gives one, as
+    measured best at 16 × 8192.  (BV = 64 was measured at 1, 4 and 16 segments
+    only: 4 -- 256 programs -- was its best at 1 × 8192; the rule gives it 8.)
+    Returns ``n`` (one segment: no segment pass
+    unless a final state is asked for) when the heads and value tiles already
+    fill the GPU or the sequence is too short to split.
     """
-    if config:
-        warps = batch_heads * cdiv(d, config["BV"]) * config.get("num_warps", 1)
-    else:
-        warps = batch_heads * cdiv(d, REFERENCE_COLUMNS_PER_WARP)
-    target = WARPS_PER_SM * family.num_sms
+    bv = config["BV"] if config else _first_bv(family.name)
+    programs = batch_heads * cdiv(d, min(bv, pow2(d)))
+    target = PROGRAMS_PER_SM * family.num_sms
     shortest = MIN_SEGMENT.get(family.name, MIN_SEGMENT["default"])
-    segments = min(cdiv(target, warps), n // shortest)
+    segments = min(target // programs, n // shortest)
     if segments <= 1:
         return n
     seg = cdiv(cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN

@@ -83,14 +83,22 @@ def _fwd_fits(cfg, args) -> bool:
     if bv > max(64, pow2(args["D"])) or bk > max(32, pow2(args["R"])):
         return False
     if elem_bytes(args) == 4 and args.get("DOT_PRECISION") == "ieee":
-        return bt == 32 and regs_per_thread(bt * bv, warps) <= IEEE_ACC_PER_THREAD
+        return bt <= 32 and regs_per_thread(bt * bv, warps) <= IEEE_ACC_PER_THREAD
+    if bt < 32:
+        return False  # 16-row blocks are for the CUDA-core products of "ieee" only (see IEEE_BT)
     # the accumulator and h_k in float32; v and L as operands (float16 or float32)
     held = 2 * bt * bv + (bt * bv + bt * bt) * _operand_bytes(args) // 4
     return regs_per_thread(held, warps) <= HELD_PER_THREAD
 
 
 # value order = preference: the first fitting config is the one run untuned (measured best first)
-_GPU = dict(BT=[64, 32], BV=[128, 64], BK=[32], num_warps=[4, 8], num_stages=[2, 1])
+_GPU = dict(BT=[64, 32, 16], BV=[128, 64], BK=[32], num_warps=[4, 8], num_stages=[2, 1])
+
+IEEE_BT = 16
+"""float32 with ``precision="ieee"`` computes each block's products on CUDA cores, BT
+multiply-adds per output element and rank (the row-by-row scan did about 4 instructions,
+latency-bound): 16-row blocks halve that work against 32-row ones, so both are offered
+to the autotuner for "ieee"; the tensor-core paths keep 32 and 64 rows."""
 
 FWD = KernelSpace(
     name="fleet_attention.fwd",

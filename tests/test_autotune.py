@@ -12,6 +12,7 @@ import triton
 from leettriton.autotune import FAMILIES, KERNELS, autotune_enabled
 from leettriton.autotune.families import family_of_device
 import leettriton.methods  # noqa: F401  (imports every kernel module of a method)
+from conftest import DEVICE
 import leettriton.kernels.decode  # noqa: F401  (and decode_step's)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,7 +122,7 @@ def test_an_autotuned_choice_is_launched_directly_until_the_autotuner_forgets_it
     monkeypatch.setattr(kernel, "run", counting_run)
     kernel.cache.clear()
     gen = torch.Generator().manual_seed(0)
-    b, c, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    b, c, v = (torch.randn(1, 2, 40, 16, generator=gen).to(DEVICE) for _ in range(3))
     ref = leettriton.reference(b, c, v, 0.9).float()
 
     def call(x=b):

@@ -32,8 +32,9 @@ and n·r·d for the carries, plus 3 n·r·d elementwise operations on CUDA cores
 (c ⊙ v, the carry term, the b-weighted sum); memory traffic: b, c, v read once per
 value tile (the columns of b and c come from L1/L2 for each rank), o written
 once, the [r, BV] carry slice read once per block and written once.  On the
-H100 at r = d = 128, fp16, heads 32: 2.16 ms at batch 1 × 8192, 25.3 ms at
-1 × 100 000, 32.3 ms at 16 × 8192 (the scan: 9.7, 146, 151 ms).
+H100 at r = d = 128, heads 32, with decay (perf/results/h100/bench_fleet_recursion.md):
+float16 2.07 ms at batch 1 × 8192, 23.8 ms at 1 × 100 000, 30.0 ms at 16 × 8192
+(the scan: 9.7, 146, 151 ms); float32 ("ieee") 6.66 ms at 1 × 8192.
 
 One program owns the [BT, BV] output tiles of one batch·head, one BV slice of
 the value columns and one segment of the sequence; it walks the segment in

@@ -46,7 +46,7 @@ for spec in "$@"; do
   case $step in
     env) run env bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
     warm) run warm python3 -m leettriton.autotune.warm --workers 16 "${extra[@]}" ;;
-    tests) run tests python3 -m pytest tests -q -x -n 16 --hypothesis-profile=gpu -p no:cacheprovider "${extra[@]}" ;;
+    tests) run tests python3 -m pytest tests -q -n 16 --hypothesis-profile=gpu -p no:cacheprovider -rfE "${extra[@]}" ;;
     tests_quick) run tests_quick python3 -m pytest tests -q -n 16 --hypothesis-profile=ci -p no:cacheprovider "${extra[@]}" ;;
     bench_decode) run bench_decode python3 perf/bench_decode.py --out perf/results "${extra[@]}" ;;
     bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results "${extra[@]}" ;;

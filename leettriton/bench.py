@@ -1259,20 +1259,11 @@ def benchmark_method(fn: Callable, device="cuda", dtype="float16", batch_size: i
     label = name or f"yours: {getattr(fn, '__name__', 'fn')}"
     tol = TOLERANCES[dt]
 
-    def gamma_tensor():
-        if not is_weight_decay:
-            return None
-        if gamma is None:
-            return decay_gammas(heads, dev)
-        if isinstance(gamma, torch.Tensor):
-            return gamma.detach().reshape(heads).to(device=dev, dtype=torch.float32)
-        return torch.full((heads,), float(gamma), device=dev, dtype=torch.float32)
-
     # 1. correctness on a small problem
     cb = max(1, min(batch_size, 2))
     cn = 300
     b, c, v = make_inputs(cb, heads, cn, rank, dim, dt, dev, seed=1)
-    g = gamma_tensor()
+    g = _grid_gamma(is_weight_decay, gamma, heads, dev)
     what = (f"batch {cb}, heads {heads}, n {cn}, r {rank}, d {dim}, {dtype_name(dt)}, "
             f"{'with decay' if g is not None else 'no decay'}")
     check_err, check_msg = None, ""

@@ -191,12 +191,17 @@ def test_a_fault_reported_late_stops_the_run(tmp_path, register, monkeypatch):
         bench.measure(lambda: _out_of_memory(None, None, None, None), device="cpu")
 
 
-def test_resume_measures_again_only_what_the_time_limit_skipped(tmp_path, register):
+def _saved_run(tmp_path, decay: str, seqlens: str):
+    """A tiny vanilla_torch run written to JSON: (its arguments, the file, the file's contents)."""
     out = tmp_path / "bench.json"
-    args = [*TINY, "--methods", "vanilla_torch", "--decay", "both", "--batch", "1", "--n", "16,32", "--rep-ms", "5",
+    args = [*TINY, "--methods", "vanilla_torch", "--decay", decay, "--batch", "1", "--n", seqlens, "--rep-ms", "5",
             "--json", str(out)]
-    bench.main(args)
-    saved = json.loads(out.read_text())
+    rows = bench.main(args)
+    return args, out, json.loads(out.read_text()), rows
+
+
+def test_resume_measures_again_only_what_the_time_limit_skipped(tmp_path, register):
+    args, out, saved, _ = _saved_run(tmp_path, "both", "16,32")
     assert len(saved["rows"]) == 4
     saved["rows"][0]["median_ms"] = 1234.5                     # kept as it is
     saved["rows"][1].update(status="skipped", median_ms=None, note="the run's time limit was reached")
@@ -208,10 +213,7 @@ def test_resume_measures_again_only_what_the_time_limit_skipped(tmp_path, regist
 
 
 def test_from_json_redraws_without_measuring(tmp_path, register, capsys):
-    out = tmp_path / "bench.json"
-    rows = bench.main([*TINY, "--methods", "vanilla_torch", "--decay", "on", "--batch", "1", "--n", "16,32",
-                       "--rep-ms", "5", "--json", str(out)])
-    saved = json.loads(out.read_text())
+    _, out, saved, rows = _saved_run(tmp_path, "on", "16,32")
     saved["rows"][0]["median_ms"] = 98765.4              # a value no measurement here would give
     out.write_text(json.dumps(saved))
     capsys.readouterr()
@@ -230,11 +232,7 @@ def test_plot_styles_pair_a_method_with_its_torch_version():
 
 
 def test_resume_refuses_a_file_from_another_device(tmp_path, register):
-    out = tmp_path / "bench.json"
-    args = [*TINY, "--methods", "vanilla_torch", "--decay", "on", "--batch", "1", "--n", "16", "--rep-ms", "5",
-            "--json", str(out)]
-    bench.main(args)
-    saved = json.loads(out.read_text())
+    args, out, saved, _ = _saved_run(tmp_path, "on", "16")
     saved["meta"]["device"] = "NVIDIA H100 80GB HBM3"
     out.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="device"):

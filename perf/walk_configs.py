@@ -1,0 +1,93 @@
+"""Time the chunk walk with pinned configs, inside or outside its family's config space.
+
+    python perf/walk_configs.py --configs '[{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 4}]' \
+        --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192
+
+For each config and each value of the segment rule's programs per SM, ``block_based`` runs at
+every shape (heads 32, r = d = 128, with decay, float16 by default) with its walk pinned to the
+config (the segment-state kernels autotuned); the output is compared with the float64 oracle (on
+a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench``.
+Configs the family's pruning would reject are run as given (that is the point: to measure
+them).  Each config runs in its own process, so a faulting one cannot end the others.  The
+first line of the output names the GPU and versions; then one line per (config, rule, shape).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CHILD = r"""
+import json, sys, torch, triton
+import leettriton
+from leettriton import bench
+from leettriton.api import make_problem, run_problem
+import leettriton.autotune.configs as configs
+from leettriton.autotune.spaces import block_based as bb
+
+cfg, pps_list, shapes, dtype = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+configs._fits = lambda space, config, args: True   # run the config as given
+dt = getattr(torch, dtype)
+heads, r, d = 32, 128, 128
+pps_list = cfg.pop("pps", pps_list)
+for batch, n in shapes:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, c = (torch.randn(batch, heads, n, r, device="cuda", dtype=dt, generator=g) * r ** -0.5 for _ in range(2))
+    v = torch.randn(batch, heads, n, d, device="cuda", dtype=dt, generator=g)
+    gamma = 1 - torch.exp2(-5 - 3 * torch.arange(heads, device="cuda") / (heads - 1))
+    check = bench.oracle(b, c, v, gamma)
+    p, out = make_problem(b, c, v, gamma)
+    for pps in pps_list:
+        bb.PROGRAMS_PER_SM = pps
+        seg = bb.segment_length(batch * heads, n, d, leettriton.autotune.current_family(), cfg)
+        call = lambda: run_problem(p, "block_based", {"block_based.fwd": cfg})
+        out.fill_(float("nan"))
+        try:
+            call(); torch.cuda.synchronize()
+            err = check.error(out)
+            ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+            res = dict(ms=ms, err=err)
+        except Exception as e:
+            res = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        print("RESULT " + json.dumps(dict(pps=pps, batch=batch, n=n, seg=seg, **res)), flush=True)
+    del b, c, v, p, out, check
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", required=True, help='JSON list of walk configs (a "pps" key: that '
+                    "config's own list of programs per SM)")
+    ap.add_argument("--programs-per-sm", default="2", help="comma-separated values of the segment rule")
+    ap.add_argument("--shapes", default="1x100000,1x32768,1x8192,16x8192", help="comma-separated BATCHxN")
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per config")
+    opts = ap.parse_args(argv)
+
+    import torch
+    import triton
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
+          f"{opts.dtype}, heads 32, r = d = 128, decay", flush=True)
+    shapes = [[int(x) for x in s.split("x")] for s in opts.shapes.split(",")]
+    pps = [int(x) for x in opts.programs_per_sm.split(",")]
+    for cfg in json.loads(opts.configs):
+        cmd = [sys.executable, "-c", CHILD, json.dumps(cfg), json.dumps(pps), json.dumps(shapes), opts.dtype]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=dict(os.environ))
+            lines = [json.loads(x[7:]) for x in res.stdout.splitlines() if x.startswith("RESULT ")]
+            tail = [x for x in res.stderr.strip().splitlines() if x.strip()]
+            if res.returncode and tail:
+                lines.append(dict(error="exit: " + tail[-1][:200]))
+        except subprocess.TimeoutExpired:
+            lines = [dict(error="timeout")]
+        for x in lines:
+            where = f"pps {x['pps']} {x['batch']:>2} x {x['n']:<6} seg {x['seg']:<6}" if "pps" in x else ""
+            what = f"{x['ms']:8.3f} ms  err {x['err']:.1e}" if "ms" in x else x["error"]
+            print(f"{json.dumps(cfg):70s} {where} {what}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

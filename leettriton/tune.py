@@ -10,6 +10,7 @@ cleanly after that long, and ``--dtypes`` / ``--methods`` shard the work.
 
     python -m leettriton.tune --gpu h100 --quick            # a few minutes
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
+    python -m leettriton.tune --gpu h100 --rd 128x128 --bh 8,32,128 --n 1024,4096   # a grid of one's own
 """
 from __future__ import annotations
 
@@ -77,6 +78,43 @@ def _time_method(method, b, c, v, gamma, retune: bool):
     return ms, config
 
 
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"--{what} must be comma-separated positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def select_grid(opts) -> dict:
+    """The grid to measure: ``--quick`` or the full one, with ``--dtypes``, ``--bh``, ``--n`` and ``--rd``
+    (each a comma-separated list) replacing that axis.  Raises ValueError for a malformed list."""
+    grid = dict(GRIDS["quick" if opts.quick else "full"])
+    if opts.dtypes:
+        grid["dtype"] = [x for x in opts.dtypes.split(",") if x]
+        unknown = sorted(set(grid["dtype"]) - set(GRIDS["full"]["dtype"]))
+        if unknown or not grid["dtype"]:
+            raise ValueError(f"--dtypes must name float16, bfloat16 or float32, got {opts.dtypes!r}")
+    if getattr(opts, "bh", None):
+        grid["bh"] = _ints(opts.bh, "bh")
+        if any(bh > 32 and bh % 32 for bh in grid["bh"]):
+            # a point runs batch·heads as 32 heads × batch above 32
+            raise ValueError(f"--bh values above 32 must be multiples of 32, got {opts.bh!r}")
+    if getattr(opts, "n", None):
+        grid["n"] = _ints(opts.n, "n")
+    if getattr(opts, "rd", None):
+        pairs = []
+        for item in opts.rd.split(","):
+            parts = item.lower().split("x")
+            if len(parts) != 2 or not all(x.strip().isdigit() and 1 <= int(x) <= 256 for x in parts):
+                raise ValueError(f"--rd must be comma-separated RxD pairs with R, D in 1..256, got {opts.rd!r}")
+            pairs.append([int(parts[0]), int(parts[1])])
+        grid["rd"] = pairs
+    return grid
+
+
 def _save(path: str, doc: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -91,6 +129,9 @@ def main(argv=None) -> int:
                     help="the family to measure; must be the GPU this runs on")
     ap.add_argument("--quick", action="store_true", help="the small grid (a few minutes)")
     ap.add_argument("--dtypes", help="comma-separated subset of the grid's dtypes")
+    ap.add_argument("--bh", help="comma-separated batch·heads values, in place of the grid's")
+    ap.add_argument("--n", help="comma-separated sequence lengths, in place of the grid's")
+    ap.add_argument("--rd", help="comma-separated RxD pairs (e.g. 128x128,64x64), in place of the grid's")
     ap.add_argument("--methods", default=",".join(BUILTIN_METHODS), help="comma-separated methods to measure")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop cleanly after this long")
     ap.add_argument("--out", help="where to write (default: the packaged file of the family)")
@@ -112,9 +153,10 @@ def main(argv=None) -> int:
         return 2
     os.environ["LEETTRITON_AUTOTUNE"] = "1"  # the tuner measures each method at its best config
 
-    grid = dict(GRIDS["quick" if opts.quick else "full"])
-    if opts.dtypes:
-        grid["dtype"] = [x for x in opts.dtypes.split(",") if x]
+    try:
+        grid = select_grid(opts)
+    except ValueError as e:
+        ap.error(str(e))
     methods = [m for m in opts.methods.split(",") if m]
     out = opts.out or default_path(family.name)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -145,3 +145,33 @@ def test_tune_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert tune.main(["--gpu", "h100"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_tune_grid_axes_can_be_replaced_from_the_command_line():
+    import argparse
+
+    def opts(**kw):
+        base = dict(quick=False, dtypes=None, bh=None, n=None, rd=None)
+        return argparse.Namespace(**{**base, **kw})
+
+    grid = tune.select_grid(opts(dtypes="float16,bfloat16", bh="128,8,32,8", n="4096,64", rd="128x128,64X32"))
+    assert grid["dtype"] == ["float16", "bfloat16"]
+    assert grid["bh"] == [8, 32, 128]
+    assert grid["n"] == [64, 4096]
+    assert grid["rd"] == [[128, 128], [64, 32]]
+    assert grid["decay"] == tune.GRIDS["full"]["decay"]
+    assert tune.select_grid(opts(quick=True)) == tune.GRIDS["quick"]
+    for bad in (dict(bh="48"), dict(n="0,64"), dict(n="1k"), dict(rd="128"), dict(rd="300x128"),
+                dict(dtypes="float64")):
+        with pytest.raises(ValueError):
+            tune.select_grid(opts(**bad))
+
+
+def test_tune_reports_a_malformed_grid_option(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(tune, "current_family", lambda *a: FAMILIES["h100"])
+    with pytest.raises(SystemExit) as exc:
+        tune.main(["--gpu", "h100", "--bh", "48"])
+    assert exc.value.code == 2
+    assert "--bh values above 32 must be multiples of 32" in capsys.readouterr().err

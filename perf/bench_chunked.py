@@ -163,6 +163,7 @@ def main(argv=None) -> common.Report:
     with torch.no_grad():
         try:
             run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
+            rep.finish(args.out)  # the speed tables on disk now: the precision section may be cut off
             run_precision(rep, args, [torch.float16, torch.bfloat16, torch.float32], (1.0, 0.999, 0.9), pn, pheads,
                           r, d)
         except bench.DeviceFailure as exc:

@@ -37,9 +37,13 @@ short, so that the CPU test suite's sequences of a few hundred rows run the
 multi-segment path, and not a multiple of the interpreter's 16-row chunk, so
 that segment ends cut chunks short."""
 
-REFERENCE_BV = 32
-"""Value-tile width the segment count assumes when no config is pinned: the
-width of the h100/h200 configs that hold a 128-row state without spilling."""
+REFERENCE_BV = 64
+"""Value-tile width the segment count assumes when no config is pinned (while
+the walk is autotuned): the width the tuner picks at r = d = 128 on sm_90.
+Assuming 32 there halved the segments the tuned 64-wide walk then ran with (one
+program per SM instead of two): 2.77 ms at 1 × 32 heads × 100 000 in float16
+with decay, against 2.48 ms with the segment count of its own width
+(perf/results/h100/walk_configs.log, where 32-wide tiles took 4.68 ms)."""
 
 
 def segment_length(batch_heads: int, n: int, d: int, family: Family,

@@ -85,8 +85,11 @@ def walk_space(name: str) -> KernelSpace:
     # sm_90: no 64-row chunks.  With them the M = 64 products go to Hopper's warpgroup MMA, and on an
     # H200 with Triton 3.6 the walk then returned wrong outputs and states (relative error ~0.7) and,
     # now and then, an illegal address (perf/config_sweep.py); 32-row chunks, on the mma.sync path,
-    # were exact in the same sweep.
-    sm90 = dict(BT=[32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[3, 4])
+    # were exact in the same sweep.  On an H100 (Triton 3.6) a 64-row walk (BV 32, 3 stages) met an
+    # illegal address at 1 × 32 heads × 100 000 (perf/results/h100/walk_configs.log).
+    # sm_90: value tiles of 64 first (at r = d = 128 the tuner's choice: 32-wide tiles repeat the score
+    # product twice as often, 1.9× slower at 1 × 100 000 in perf/results/h100/walk_configs.log).
+    sm90 = dict(BT=[32, 16], BK=[64, 32], BV=[64, 32, 16], num_warps=[4], num_stages=[4, 3])
     ampere = dict(BT=[64, 32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[3, 2])
     # one stage (no prefetch) only where nothing else fits (r > 128 with float32 operands)
     small_smem = dict(BT=[64, 32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[2, 1])

@@ -15,6 +15,7 @@
 
     python perf/bench_chunked.py            # on the GPU, ~2 minutes
     python perf/bench_chunked.py --quick    # fp16, with decay, three shapes, and the precision section
+    python perf/bench_chunked.py --precision-only   # the precision section alone (bench_chunked_precision.*)
 """
 from __future__ import annotations
 
@@ -140,9 +141,12 @@ def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> N
 
 def main(argv=None) -> common.Report:
     p = common.parser(__doc__.split("\n")[0])
+    p.add_argument("--precision-only", action="store_true", help="only the precision section (n = 100 000)")
     args = p.parse_args(argv)
     device = common.device_of(args)
     rep = common.Report(NAME, "Chunked methods vs fla and lightning-attn", common.cli_argv(argv), device, args.quick)
+    if args.precision_only:
+        rep.name += "_precision"  # its own files: a full run's speed tables are not overwritten
     rep_ms = args.rep_ms or (50 if args.quick else 100)
     if device.type == "cuda":
         heads, r, d = 32, 128, 128
@@ -162,8 +166,9 @@ def main(argv=None) -> common.Report:
     failed = None
     with torch.no_grad():
         try:
-            run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
-            rep.finish(args.out)  # the speed tables on disk now: the precision section may be cut off
+            if not args.precision_only:
+                run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
+                rep.finish(args.out)  # the speed tables on disk now: the precision section may be cut off
             run_precision(rep, args, [torch.float16, torch.bfloat16, torch.float32], (1.0, 0.999, 0.9), pn, pheads,
                           r, d)
         except bench.DeviceFailure as exc:

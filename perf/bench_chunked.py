@@ -142,12 +142,18 @@ def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> N
 def main(argv=None) -> common.Report:
     p = common.parser(__doc__.split("\n")[0])
     p.add_argument("--precision-only", action="store_true", help="only the precision section (n = 100 000)")
+    p.add_argument("--precision-dtypes", default="float16,bfloat16,float32",
+                   help="comma-separated dtypes of the precision section")
     args = p.parse_args(argv)
     device = common.device_of(args)
     rep = common.Report(NAME, "Chunked methods vs fla and lightning-attn", common.cli_argv(argv), device, args.quick)
     if args.precision_only:
         rep.name += "_precision"  # its own files: a full run's speed tables are not overwritten
     rep_ms = args.rep_ms or (50 if args.quick else 100)
+    names = [x for x in args.precision_dtypes.split(",") if x]
+    if not names or any(x not in ("float16", "bfloat16", "float32") for x in names):
+        p.error(f"--precision-dtypes must name float16, bfloat16 or float32, got {args.precision_dtypes!r}")
+    precision_dtypes = [getattr(torch, x) for x in names]
     if device.type == "cuda":
         heads, r, d = 32, 128, 128
         if args.quick:
@@ -169,8 +175,7 @@ def main(argv=None) -> common.Report:
             if not args.precision_only:
                 run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
                 rep.finish(args.out)  # the speed tables on disk now: the precision section may be cut off
-            run_precision(rep, args, [torch.float16, torch.bfloat16, torch.float32], (1.0, 0.999, 0.9), pn, pheads,
-                          r, d)
+            run_precision(rep, args, precision_dtypes, (1.0, 0.999, 0.9), pn, pheads, r, d)
         except bench.DeviceFailure as exc:
             rep.rows.extend(exc.rows)
             failed = common.stopped(rep, exc)

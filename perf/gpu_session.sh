@@ -4,7 +4,7 @@
 #
 #   OUT=/tmp/out bash perf/gpu_session.sh tests bench_chunked ...
 #
-# Steps: env, warm, tests, tests_quick, bench_decode, bench_chunked, bench_fleet, bench_auto, tune,
+# Steps: env, warm, tests, tests_quick, bench_decode, bench_chunked, bench_fleet, bench_auto, bench_auto_cold, tune,
 # bench_main, host_overhead, profile, walk_configs.  Each step's output goes to <step>.log; after every step the
 # logs, perf/results and the heuristic files are packed into $OUT again, so a call cut off by its time
 # limit still brings back what the finished steps produced.  A failing step does not stop the others.
@@ -52,6 +52,7 @@ for spec in "$@"; do
     bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results "${extra[@]}" ;;
     bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results "${extra[@]}" ;;
     bench_auto) run bench_auto python3 perf/bench_auto.py --out perf/results "${extra[@]}" ;;
+    bench_auto_cold) run bench_auto_cold python3 perf/bench_auto.py --out perf/results --cold-only "${extra[@]}" ;;
     host_overhead) run host_overhead python3 perf/host_overhead.py --device cuda "${extra[@]}" ;;
     profile) run profile python3 perf/profile_kernels.py "${extra[@]}" ;;
     walk_configs) run walk_configs python3 perf/walk_configs.py "${extra[@]}" ;;

@@ -6,6 +6,8 @@ each segment's *start* state is known.  Two kernels give those states:
 1. ``_segment_state_kernel`` — every segment's local end state, from a zero
    start, in parallel over (batch·head, segment, r-tile, d-tile):
        S_loc[s] = Σ_{j in s} γ^(e_s − 1 − j) c_jᵀ v_j        (e_s = the segment's end)
+   The last segment's is needed only for the final state: without one it is
+   not computed, and c and v of the last segment are not read.
 2. ``_segment_scan_kernel`` — a short sequential scan over the segments per
    (batch·head, tile), in place:
        start[0] = S₀,   start[s+1] = γ^(len_s) start[s] + S_loc[s]
@@ -33,7 +35,7 @@ _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
 
 
 @autotune(spaces.STATE, key=_KEY)
-@triton.jit(do_not_specialize=["N", "SEG"])
+@triton.jit(do_not_specialize=["N", "SEG", "NL"])
 def _segment_state_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
@@ -41,16 +43,17 @@ def _segment_state_kernel(
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
     H, N, R, D,
     HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS,
+    ws_ptr, SEG, NS, NL,
     DIRECT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    # batch·heads·segments on the grid's first axis (the others are limited to 65535);
-    # 64-bit batch and head offsets (16 × 32 × 100 000 × 128 elements overflow 32 bits)
-    i_bhs = tl.program_id(0)
+    # batch·heads × the NL ≤ NS segments computed on the grid's first axis (the others are limited to
+    # 65535); 64-bit batch and head offsets (16 × 32 × 100 000 × 128 elements overflow 32 bits)
+    i_bhl = tl.program_id(0)
     i_k = tl.program_id(1)
     i_v = tl.program_id(2)
-    i_bh = i_bhs // NS
-    i_s = i_bhs % NS
+    i_bh = i_bhl // NL
+    i_s = i_bhl % NL
+    i_bhs = i_bh * NS + i_s  # the segment's entry in the workspace
     i_b = (i_bh // H).to(tl.int64)
     i_h = (i_bh % H).to(tl.int64)
     c_ptr += i_b * stride_cb + i_h * stride_ch
@@ -114,7 +117,11 @@ def _segment_scan_kernel(
         b_s = tl.zeros([BK, BV], dtype=tl.float32)
     seg_decay = decay(lam, SEG, HAS_DECAY)
     for i_s in range(0, NS):
-        b_local = tl.load(p_ws, mask=m_kv, other=0.0)
+        # the last segment's local state exists only when the final state is wanted
+        if STORE_STATE:
+            b_local = tl.load(p_ws, mask=m_kv, other=0.0)
+        else:
+            b_local = tl.load(p_ws, mask=m_kv & ((o_k * 0 + i_s)[:, None] < NS - 1), other=0.0)
         tl.store(p_ws, b_s, mask=m_kv)  # the segment's start state replaces its local state
         seg_len = tl.minimum(SEG, N - i_s * SEG)
         step = tl.where(seg_len == SEG, seg_decay, decay(lam, seg_len, HAS_DECAY))
@@ -130,20 +137,24 @@ def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     B, H, n, r, d = p.shape
     grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
-           ws_ptr=p.out, SEG=n, NS=1, DIRECT=True)
+           ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True)
 
 
-def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None) -> torch.Tensor:
+def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None, *,
+                         last: bool = True) -> torch.Tensor:
     """Local end state (from a zero start) of every segment of ``seg_len`` rows.
 
     Returns a float32 tensor of shape ``(B, H, NS, r, d)`` (contiguous), NS = ceil(n / seg_len).
+    With ``last=False`` the last segment's entry is left unwritten (and its rows are not read).
     """
     B, H, n, r, d = p.shape
     ns = cdiv(n, seg_len)
+    nl = ns if last else ns - 1
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
-    grid = lambda meta: (B * H * ns, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-    launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
-           ws_ptr=ws, SEG=seg_len, NS=ns, DIRECT=False)
+    if nl > 0:
+        grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
+        launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
+               ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False)
     return ws
 
 
@@ -155,7 +166,7 @@ def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     (entry 0 is the initial state, or zero).
     """
     B, H, n, r, d = p.shape
-    ws = segment_local_states(p, seg_len, config)
+    ws = segment_local_states(p, seg_len, config, last=p.state is not None)
     scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_scan_kernel, scan_grid, (config or {}).get(spaces.SCAN.name), **problem_args(p), ws_ptr=ws,
            SEG=seg_len, NS=ws.shape[2])

@@ -5,15 +5,16 @@ autotune/spaces/block_based.py, so that programs ≈ a small multiple of the
 multiprocessors).  Then:
 
 1. ``segment_start_states`` (kernels/_segments.py): every segment's local state
-   Σ_j γ^(e−1−j) c_jᵀ v_j in parallel, and a short scan over the segments that
-   turns them into start states (segment 0 starts from the initial state) and
-   writes the final state;
+   Σ_j γ^(e−1−j) c_jᵀ v_j in parallel (the last segment's only when the final
+   state is wanted), and a short scan over the segments that turns them into
+   start states (segment 0 starts from the initial state) and writes the final
+   state;
 2. the lightning_attention chunk walk (kernels/lightning_attention.py), one
    program per (value tile, segment, batch·head), each starting from its
    segment's state: intra-chunk masked decayed products on tensor cores,
    inter-chunk through the float32 state in registers.
 
-Memory traffic: b once, c and v twice (the state pass reads them too), o once,
+Memory traffic: b once, c and v twice less their last segment (the state pass reads them too), o once,
 plus the float32 workspace of NS · r · d per batch·head.  When one segment
 suffices (many batch·heads, or a short sequence) it is the lightning walk alone.
 """

@@ -115,19 +115,19 @@ def _segment_scan_kernel(
         b_s = load_tile(s0_ptr, o_k, o_v, stride_s0k, stride_s0d, R, D)
     else:
         b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    # every segment but the last is SEG rows long; each start state replaces the local state in place
     seg_decay = decay(lam, SEG, HAS_DECAY)
-    for i_s in range(0, NS):
-        # the last segment's local state exists only when the final state is wanted
-        if STORE_STATE:
-            b_local = tl.load(p_ws, mask=m_kv, other=0.0)
-        else:
-            b_local = tl.load(p_ws, mask=m_kv & ((o_k * 0 + i_s)[:, None] < NS - 1), other=0.0)
-        tl.store(p_ws, b_s, mask=m_kv)  # the segment's start state replaces its local state
-        seg_len = tl.minimum(SEG, N - i_s * SEG)
-        step = tl.where(seg_len == SEG, seg_decay, decay(lam, seg_len, HAS_DECAY))
-        b_s = b_s * step + b_local
+    for i_s in range(0, NS - 1):
+        b_local = tl.load(p_ws, mask=m_kv, other=0.0)
+        tl.store(p_ws, b_s, mask=m_kv)
+        b_s = b_s * seg_decay + b_local
         p_ws += R * D
+    # the last segment's local state exists (and is read) only when the final state is wanted
     if STORE_STATE:
+        b_local = tl.load(p_ws, mask=m_kv, other=0.0)
+    tl.store(p_ws, b_s, mask=m_kv)
+    if STORE_STATE:
+        b_s = b_s * decay(lam, N - (NS - 1) * SEG, HAS_DECAY) + b_local
         st_ptr += i_b * stride_stb + i_h * stride_sth
         store_tile(st_ptr, b_s, o_k, o_v, stride_stk, stride_std, R, D)
 

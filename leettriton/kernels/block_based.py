@@ -14,7 +14,7 @@ multiprocessors).  Then:
    segment's state: intra-chunk masked decayed products on tensor cores,
    inter-chunk through the float32 state in registers.
 
-Memory traffic: b once, c and v twice less their last segment (the state pass reads them too), o once,
+Memory traffic: b once, c and v twice (the state pass reads all segments but the last), o once,
 plus the float32 workspace of NS · r · d per batch·head.  When one segment
 suffices (many batch·heads, or a short sequence) it is the lightning walk alone.
 """

@@ -4,7 +4,7 @@
         --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192
 
 For each config and each value of the segment rule's programs per SM, ``block_based`` runs at
-every shape (heads 32, r = d = 128, with decay, float16 by default) with its walk pinned to the
+every shape (heads 32, r = d = 128, with decay unless ``--no-decay``, float16 by default) with its walk pinned to the
 config (the segment-state kernels autotuned); the output is compared with the float64 oracle (on
 a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench``.
 Configs the family's pruning would reject are run as given (that is the point: to measure
@@ -28,6 +28,7 @@ import leettriton.autotune.configs as configs
 from leettriton.autotune.spaces import block_based as bb
 
 cfg, pps_list, shapes, dtype = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+use_decay, precision = sys.argv[5] == "decay", sys.argv[6]
 configs._fits = lambda space, config, args: True   # run the config as given
 dt = getattr(torch, dtype)
 heads, r, d = 32, 128, 128
@@ -36,9 +37,9 @@ for batch, n in shapes:
     g = torch.Generator(device="cuda").manual_seed(0)
     b, c = (torch.randn(batch, heads, n, r, device="cuda", dtype=dt, generator=g) * r ** -0.5 for _ in range(2))
     v = torch.randn(batch, heads, n, d, device="cuda", dtype=dt, generator=g)
-    gamma = 1 - torch.exp2(-5 - 3 * torch.arange(heads, device="cuda") / (heads - 1))
+    gamma = 1 - torch.exp2(-5 - 3 * torch.arange(heads, device="cuda") / (heads - 1)) if use_decay else None
     check = bench.oracle(b, c, v, gamma)
-    p, out = make_problem(b, c, v, gamma)
+    p, out = make_problem(b, c, v, gamma, precision=precision if dt == torch.float32 else None)
     for pps in pps_list:
         bb.PROGRAMS_PER_SM = pps
         seg = bb.segment_length(batch * heads, n, d, leettriton.autotune.current_family(), cfg)
@@ -63,17 +64,21 @@ def main(argv=None) -> int:
     ap.add_argument("--programs-per-sm", default="2", help="comma-separated values of the segment rule")
     ap.add_argument("--shapes", default="1x100000,1x32768,1x8192,16x8192", help="comma-separated BATCHxN")
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--no-decay", action="store_true", help="γ = 1 (default: γ per head as in BASELINES.md)")
+    ap.add_argument("--precision", default="ieee", choices=["ieee", "tf32"], help="float32 only")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per config")
     opts = ap.parse_args(argv)
 
     import torch
     import triton
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
-          f"{opts.dtype}, heads 32, r = d = 128, decay", flush=True)
+          f"{opts.dtype}{'/' + opts.precision if opts.dtype == 'float32' else ''}, heads 32, r = d = 128, "
+          f"{'no decay' if opts.no_decay else 'decay'}", flush=True)
     shapes = [[int(x) for x in s.split("x")] for s in opts.shapes.split(",")]
     pps = [int(x) for x in opts.programs_per_sm.split(",")]
     for cfg in json.loads(opts.configs):
-        cmd = [sys.executable, "-c", CHILD, json.dumps(cfg), json.dumps(pps), json.dumps(shapes), opts.dtype]
+        cmd = [sys.executable, "-c", CHILD, json.dumps(cfg), json.dumps(pps), json.dumps(shapes), opts.dtype,
+               "none" if opts.no_decay else "decay", opts.precision]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=dict(os.environ))
             lines = [json.loads(x[7:]) for x in res.stdout.splitlines() if x.startswith("RESULT ")]

@@ -62,6 +62,38 @@ def test_pruning_respects_shared_memory():
     assert all(kernel.space.smem(c, args) <= 60000 for c in small)
 
 
+def test_axes_given_as_a_list_are_the_union_of_their_products_in_order():
+    from leettriton.autotune import KernelSpace
+
+    space = KernelSpace(
+        name="test.union",
+        axes={"default": [dict(BT=[64], BV=[32], num_warps=[4], num_stages=[2]),
+                          dict(BT=[32, 16], BV=[64], num_warps=[4], num_stages=[3])]},
+        cpu=dict(BT=16, BV=16, num_warps=4, num_stages=1),
+        smem=lambda cfg, args: 0,
+    )
+    assert space.family_configs("h100") == [
+        dict(BT=64, BV=32, num_warps=4, num_stages=2),
+        dict(BT=32, BV=64, num_warps=4, num_stages=3),
+        dict(BT=16, BV=64, num_warps=4, num_stages=3),
+    ]
+
+
+def test_chunk_walk_space_on_sm90_puts_64_row_chunks_first_for_16bit_only():
+    from leettriton.autotune.spaces import lightning_attention as walk
+
+    def first(dtype, precision, r=128, d=128):
+        args = {"R": r, "D": d, "v_ptr": torch.empty(1, dtype=dtype), "DOT_PRECISION": precision}
+        return walk.FWD.usable(FAMILIES["h100"], args)
+
+    assert first(torch.float16, "tf32")[0] == dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=2)
+    assert all(cfg["BT"] <= 32 and cfg["BV"] <= 32 for cfg in first(torch.bfloat16, "tf32", r=256, d=256))
+    assert all(cfg["BT"] <= 32 for cfg in first(torch.float32, "tf32"))
+    assert all(cfg["BT"] == 16 and cfg["BV"] == 16 for cfg in first(torch.float32, "ieee"))
+    # 64-row chunks only with 2 stages (3 would leave room for one program per multiprocessor)
+    assert all(cfg["num_stages"] == 2 for cfg in first(torch.float16, "tf32") if cfg["BT"] == 64)
+
+
 def test_autotune_switch(monkeypatch):
     monkeypatch.setenv("LEETTRITON_AUTOTUNE", "0")
     assert not autotune_enabled()

@@ -165,3 +165,22 @@ def test_fleet_attention_segments_with_sliced_carries(dtype):
     assert spaces.segment_length(1, case.n, case.d, family) < case.n      # the multi-segment path runs
     assert case.r > first["BK"] and case.r % first["BK"] and case.d > first["BV"]
     check_against_oracle("fleet_attention", case)
+
+
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+@pytest.mark.parametrize("gamma", [1.0, 0.999])
+def test_float16_state_beyond_float16_range(method, gamma):
+    """The chunk walk rounds its float32 state to float16 for the product with b, each row scaled
+    by a power of two first: a state far past 65 504 (positive c and v, γ near 1, a large initial
+    state) with a small b (so that the output itself fits float16) stays finite and accurate."""
+    g = torch.Generator().manual_seed(5)
+    B, H, n, r, d = 1, 2, 150, 24, 40
+    b = (torch.rand(B, H, n, r, generator=g) * 1e-4).to(torch.float16)
+    c, v = ((torch.rand(B, H, n, x, generator=g) * 30).to(torch.float16) for x in (r, d))
+    s0 = torch.rand(B, H, r, d, generator=g) * 1e6
+    b, c, v, s0 = (x.to(DEVICE) for x in (b, c, v, s0))
+    out, state = leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0, return_state=True)
+    ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
+    assert ref_state.abs().max() > 4 * 65504 and ref.abs().max() < 6e4   # the state, not the output, is out of range
+    assert_close(out, ref, tolerance(torch.float16), f"{method} float16, state beyond float16's range")
+    assert_close(state, ref_state, tolerance(torch.float16), f"{method} float16 state")

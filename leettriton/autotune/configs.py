@@ -48,7 +48,8 @@ class KernelSpace:
 
     Attributes:
         name: the kernel's key in heuristic files and in :data:`KERNELS`.
-        axes: per family name (or ``"default"``), the values of each axis; the
+        axes: per family name (or ``"default"``), the values of each axis (or a
+            list of such dicts: the union of their products, in order); the
             axes ``num_warps`` and ``num_stages`` are launch options, the rest
             are ``tl.constexpr`` meta-parameters of the kernel.
         cpu: the one config used under the interpreter.
@@ -61,7 +62,7 @@ class KernelSpace:
     """
 
     name: str
-    axes: Mapping[str, Mapping[str, Sequence[int]]]
+    axes: Mapping[str, Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]]]
     cpu: ConfigDict
     smem: Callable[[ConfigDict, Mapping[str, Any]], int]
     fits: Callable[[ConfigDict, Mapping[str, Any]], bool] = field(default=_default_fits)
@@ -75,8 +76,10 @@ class KernelSpace:
         axes = self.axes.get(name)
         if axes is None:
             axes = self.axes["default"]
-        keys = list(axes)
-        configs = [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+        configs = []
+        for part in [axes] if isinstance(axes, Mapping) else axes:  # one product, or a union of products
+            keys = list(part)
+            configs += [dict(zip(keys, values)) for values in itertools.product(*(part[k] for k in keys))]
         return configs if self.keep is None else [cfg for cfg in configs if self.keep(cfg)]
 
     def all_configs(self) -> list[dict[str, int]]:

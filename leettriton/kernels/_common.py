@@ -54,8 +54,9 @@ def _problem_args(p: Problem) -> dict:
 
 
 def dot_precision(p: Problem) -> str:
-    """``tl.dot`` input precision: the caller's choice for float32 inputs; for 16-bit inputs the
-    products with the float32 state use TF32, which holds 16-bit values exactly."""
+    """``tl.dot`` input precision: the caller's choice for float32 inputs; for 16-bit inputs TF32
+    (it applies only to products whose operands a kernel upcast to float32, and holds 16-bit
+    values exactly)."""
     import torch
 
     if p.v.dtype == torch.float32:

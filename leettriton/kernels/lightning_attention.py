@@ -2,29 +2,36 @@
 
 Each program owns one batch·head, one [BV]-wide slice of the value columns and
 one segment of the sequence (the whole sequence for this method), and keeps the
-[r, BV] slice of the state in float32 registers, as r/BK ≤ 4 tiles of [BK, BV]
-(so that b is upcast for the state product one [BT, BK] tile at a time, and r
-up to 256 fits).  Per chunk of T ≤ BT rows (local indices i, j):
+[BV, r] slice of the *transposed* state Sᵀ in float32 registers, as r/BK ≤ 4
+tiles of [BV, BK] (so r up to 256 fits).  Per chunk of T ≤ BT rows (local
+indices i, j), everything transposed so that the value columns are the rows
+of every product:
 
-    scores = (b cᵀ) ⊙ M,     M[i, j] = γ^(i−j) for i ≥ j        (intra-chunk)
-    o      = scores v + γ^(i+1) ⊙ (b S)                           (inter-chunk, through the state)
-    S      = γ^T S + cᵀ (γ^(T−1−j) ⊙ v)
+    scoresᵀ = (c bᵀ) ⊙ Mᵀ,   M[i, j] = γ^(i−j) for i ≥ j          (intra-chunk)
+    oᵀ      = vᵀ scoresᵀ + (Sᵀ bᵀ) ⊙ γ^(i+1)                       (inter-chunk, through the state)
+    Sᵀ      = γ^T Sᵀ + (vᵀ ⊙ γ^(T−1−j)) c
 
-Four tile products per chunk, all on tensor cores; the loads of the next chunk
-do not depend on the state, so Triton prefetches them under the products of
-the current one (from ``num_stages`` = 3 on).  Every decay is
-exp2(λ · distance) with distance ≥ 0, every factor in (0, 1]; the mask M
-depends only on i − j, so it is built once per program.  The grid is flat
-(value tiles fastest, then segments, then batch·heads): programs that read the
-same b and c tiles run side by side and share them through L2.
+Why transposed: the state is the accumulator of its own update, and with the
+value columns as rows it is also the *first* operand of the product with b, which
+Hopper's warpgroup MMA (and mma.sync) take from registers for 16-bit types.  The
+state then never goes through shared memory (as the second operand it was
+written and read back there, 64 KB per 32-row chunk at r = 128, BV = 64, the
+largest share of the walk's shared-memory traffic), and with 64-row chunks
+every product is a warpgroup MMA.  The loads of the next chunk do not depend on
+the state, so Triton prefetches them under the products of the current one.
+Every decay is exp2(λ · distance) with distance ≥ 0, every factor in (0, 1];
+the mask depends only on i − j, so it is built once per program.  The grid is
+flat (value tiles fastest, then segments, then batch·heads): programs that read
+the same b and c tiles run side by side and share them through L2.
 
 Precision: 16-bit inputs feed the score and value products directly (the
 decayed scores and the decayed v are rounded to the input dtype, as in every
-flash-style kernel); the product with the float32 state uses ``DOT_PRECISION``
-(TF32 for 16-bit inputs, exact for their values) with b upcast to float32, so
-the state is never rounded to 16 bits (fp16 would overflow for long sequences
-with γ = 1).  The row decay γ^(i+1) is applied to the product's rows, after it,
-so the only rounding on that path is the state's to TF32.
+flash-style kernel).  The state stays float32; for its product with b it is
+rounded to the input dtype (see :func:`_state_times_b`): float16 with each row
+scaled by a power of two (never past float16's limit, 11 significant bits,
+as TF32 keeps), bfloat16 as two halves (16 significant bits).  The row decay
+γ^(i+1) is applied to the product's rows, after it.  float32 inputs run every
+product at ``DOT_PRECISION`` ("ieee" by default, or TF32).
 
 The same jit body serves ``block_based`` (kernels/block_based.py): there the
 sequence is cut into segments whose start states come from the shared
@@ -49,11 +56,17 @@ KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SE
 
 @triton.jit
 def _start_state(p_s, stride_k, stride_d, o_k, o_v, R, D, LOAD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """One [BK, BV] tile of the state before the walk (zero when there is none to load)."""
+    """One [BV, BK] tile of the transposed state Sᵀ before the walk (zero when there is none to load)."""
     if LOAD:
-        return load_tile(p_s, o_k, o_v, stride_k, stride_d, R, D)
+        return load_tile(p_s, o_v, o_k, stride_d, stride_k, D, R)
     else:
-        return tl.zeros([BK, BV], dtype=tl.float32)
+        return tl.zeros([BV, BK], dtype=tl.float32)
+
+
+@triton.jit
+def _store_state(p_s, s, stride_k, stride_d, o_k, o_v, R, D):
+    """Write one [BV, BK] tile of Sᵀ back as rows ``o_k``, columns ``o_v`` of the (r, d) state."""
+    store_tile(p_s, s, o_v, o_k, stride_d, stride_k, D, R)
 
 
 @triton.jit
@@ -62,6 +75,52 @@ def _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, row
     b_b = load_tile(p_b, o_t, o_k, stride_bn, stride_bk, rows, R)
     b_c = load_tile(p_c, o_t, o_k, stride_cn, stride_ck, rows, R)
     return b_b, b_c
+
+
+@triton.jit
+def _row_absmax(s):
+    return tl.max(tl.abs(s), axis=1)
+
+
+@triton.jit
+def _pow2_scales(m):
+    """Powers of two (up, 1/up) that bring a row whose largest |entry| is ``m`` into [2^14, 2^15).
+
+    Read off the exponent bits of ``m``, so no division and no log; clamped to the normal range
+    (a zero or tiny row gets the largest factor, which keeps it far below float16's limit).
+    """
+    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of the row maximum
+    k = tl.minimum(tl.maximum(268 - e, 1), 253)  # biased exponent of 2^(14 − (e − 127))
+    up = (k << 23).to(tl.float32, bitcast=True)
+    down = ((254 - k) << 23).to(tl.float32, bitcast=True)
+    return up, down
+
+
+@triton.jit
+def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
+    """acc + Sᵀ bᵀ for one [BV, BK] state tile and one [BT, BK] tile of b: [BV, BK] @ [BK, BT].
+
+    16-bit b: Sᵀ goes in as register operands of 16-bit products (products exact, sums in
+    float32), so the state is never staged through shared memory:
+
+    * float16: one copy, its rows scaled by the powers of two of :func:`_pow2_scales` (no
+      overflow past 65 504), undone on the product's rows by the caller: 11 significant bits
+      for every entry down to 2^-28 of its row's largest, as many as TF32 keeps;
+    * bfloat16 (float32's range, no scaling; ``up`` is ignored): two halves, hi = round(Sᵀ)
+      and lo = round(Sᵀ − hi), 16 significant bits (one half alone, 8 bits, measured 2-3×
+      the error in state-dominated cases).
+
+    float32 b: one product at ``PRECISION``.
+    """
+    if b.dtype == tl.float16:
+        acc += mma((s * up[:, None]).to(tl.float16), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+    elif b.dtype == tl.bfloat16:
+        s_hi = s.to(tl.bfloat16)
+        acc += mma(s_hi, tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+        acc += mma((s - s_hi.to(tl.float32)).to(tl.bfloat16), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+    else:
+        acc += mma(s, tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+    return acc
 
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
@@ -76,10 +135,11 @@ def _chunk_walk_fwd_kernel(
     SEGMENTED: tl.constexpr, RP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the state lives in NK
-    # [BK, BV] register tiles s0..s3, so b is upcast for the state product one [BT, BK] tile at a time
+    # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
+    # lives in NK [BV, BK] float32 register tiles s0..s3
     NK: tl.constexpr = (RP + BK - 1) // BK
     tl.static_assert(NK <= 4)
+    SCALED: tl.constexpr = b_ptr.dtype.element_ty == tl.float16
 
     # one flat grid, value tiles fastest: the programs that share b and c run side by side (L2 reuse),
     # and batch·heads·segments may exceed the 65535 limit of the grid's other axes
@@ -122,46 +182,57 @@ def _chunk_walk_fwd_kernel(
         s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
         s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
 
-    # both depend on local positions only: the same for every chunk
-    m_intra = causal_decay(lam, o_t, o_t, HAS_DECAY)
+    # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
+    m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
     row_decay = decay(lam, o_t + 1, HAS_DECAY)
 
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
-        # scores b cᵀ and the state term b S, accumulated over the r tiles
+        # float16: one power-of-two scale per state row (value column), from its largest entry
+        if SCALED:
+            m = _row_absmax(s0)
+            if NK >= 2:
+                m = tl.maximum(m, _row_absmax(s1))
+            if NK >= 4:
+                m = tl.maximum(m, tl.maximum(_row_absmax(s2), _row_absmax(s3)))
+            up, down = _pow2_scales(m)
+        else:
+            up = tl.full([BV], 1.0, tl.float32)
+            down = up
+        # transposed scores c bᵀ and the state term Sᵀ bᵀ, accumulated over the r tiles
         b0, c0 = _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
-        b_a = mma(b0, tl.trans(c0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-        b_o = mma(b0.to(tl.float32), s0, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+        b_at = mma(c0, tl.trans(b0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+        b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, b0, up, DOT_PRECISION)
         if NK >= 2:
             b1, c1 = _load_bc(p_b, p_c, o_t, BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
-            b_a += mma(b1, tl.trans(c1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_o += mma(b1.to(tl.float32), s1, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+            b_at += mma(c1, tl.trans(b1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            b_ot = _state_times_b(b_ot, s1, b1, up, DOT_PRECISION)
         if NK >= 4:
             b2, c2 = _load_bc(p_b, p_c, o_t, 2 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
-            b_a += mma(b2, tl.trans(c2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_o += mma(b2.to(tl.float32), s2, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+            b_at += mma(c2, tl.trans(b2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            b_ot = _state_times_b(b_ot, s2, b2, up, DOT_PRECISION)
             b3, c3 = _load_bc(p_b, p_c, o_t, 3 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
-            b_a += mma(b3, tl.trans(c3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_o += mma(b3.to(tl.float32), s3, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
-        b_v = load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D)
+            b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION)
+        b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
 
-        # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product's
-        # rows, so b enters the TF32 product exactly); this chunk through the masked scores
-        b_o = b_o * row_decay[:, None]
-        b_a = b_a * m_intra
-        b_o += mma(b_a.to(b_v.dtype), b_v, DOT_PRECISION)  # [BT, BT] @ [BT, BV]
-        store_tile(p_o, b_o, o_t, o_v, stride_on, stride_od, rows, D)
+        # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product, with
+        # the rows' float16 scales undone); this chunk through the masked scores
+        b_ot = b_ot * down[:, None] * row_decay[None, :]
+        b_at = b_at * m_intra_t
+        b_ot += mma(b_vt, b_at.to(b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
+        store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
 
-        # S ← γ^T S + Σ_j γ^(T−1−j) c_jᵀ v_j over the T present rows
+        # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
         n_rows = tl.minimum(rows, BT)
-        b_vd = (b_v * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[:, None]).to(b_v.dtype)
+        b_vdt = (b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]).to(b_vt.dtype)
         g_chunk = decay(lam, n_rows, HAS_DECAY)
-        s0 = s0 * g_chunk + mma(tl.trans(c0), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+        s0 = s0 * g_chunk + mma(b_vdt, c0, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
         if NK >= 2:
-            s1 = s1 * g_chunk + mma(tl.trans(c1), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+            s1 = s1 * g_chunk + mma(b_vdt, c1, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
         if NK >= 4:
-            s2 = s2 * g_chunk + mma(tl.trans(c2), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
-            s3 = s3 * g_chunk + mma(tl.trans(c3), b_vd, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+            s2 = s2 * g_chunk + mma(b_vdt, c2, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
+            s3 = s3 * g_chunk + mma(b_vdt, c3, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
 
         p_b += BT * stride_bn
         p_c += BT * stride_cn
@@ -170,12 +241,12 @@ def _chunk_walk_fwd_kernel(
 
     if STORE_STATE:
         p_st = st_ptr + i_b * stride_stb + i_h * stride_sth
-        store_tile(p_st, s0, o_k, o_v, stride_stk, stride_std, R, D)
+        _store_state(p_st, s0, stride_stk, stride_std, o_k, o_v, R, D)
         if NK >= 2:
-            store_tile(p_st, s1, BK + o_k, o_v, stride_stk, stride_std, R, D)
+            _store_state(p_st, s1, stride_stk, stride_std, BK + o_k, o_v, R, D)
         if NK >= 4:
-            store_tile(p_st, s2, 2 * BK + o_k, o_v, stride_stk, stride_std, R, D)
-            store_tile(p_st, s3, 3 * BK + o_k, o_v, stride_stk, stride_std, R, D)
+            _store_state(p_st, s2, stride_stk, stride_std, 2 * BK + o_k, o_v, R, D)
+            _store_state(p_st, s3, stride_stk, stride_std, 3 * BK + o_k, o_v, R, D)
 
 
 def chunk_walk_kernel(space: KernelSpace):

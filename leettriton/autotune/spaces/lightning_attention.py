@@ -1,35 +1,35 @@
 """Configs of the fused chunk-walk kernel (kernels/lightning_attention.py).
 
-Axes: BT (rows per chunk), BK (width of the r tiles: the state is held as
-r/BK ≤ 4 register tiles of [BK, BV]), BV (value columns per program),
+Axes: BT (rows per chunk), BK (width of the r tiles: the transposed state is
+held as r/BK ≤ 4 register tiles of [BV, BK]), BV (value columns per program),
 num_warps, num_stages.
 
-One program keeps in registers the whole [r, BV] float32 state, the [BT, BV]
-output tile, the [BT, BT] scores and their decay mask, and one [BT, BK] tile
-of b upcast to float32 (the operand of the TF32 state product).  Measured on
-sm_90 cubins (``perf/compile_check.py``, fp16, 4 warps, 3 stages), ptxas needs
-~75-140 registers per thread on top of those for addresses, predicates and
-the loaded tiles, so a config is kept when they come to at most
-:data:`HELD_PER_THREAD` float32 values per thread.  With the rules below
-(from the same measurements, Triton 3.6 and 3.9) it keeps every 16-bit config
-measured clean at r = d = 32, 64, 128, 256 and drops every spilling one:
+One program keeps in registers the whole [BV, r] float32 state, the [BV, BT]
+output tile, the [BT, BT] scores and their decay mask, and (16-bit inputs)
+the 16-bit copy of one state tile (bfloat16: two halves), the register
+operand of the state product.  The rules below come from sm_90 cubins of every combination of the
+axes at r = d = 32, 64, 128, 256 in float16 and bfloat16 (Triton 3.6, 4
+warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
 
-* r tiles of 32 only when r ≤ 32 (four [32, BV] state tiles go through the
-  older mma.sync path and spill); r tiles of 128 are not offered (two [128, BV]
-  tiles measured no better than four of 64 in registers, and spill at r = 256);
-* r > 128: chunks of 32 rows only (64 sit at the register limit and spill with
-  Triton 3.6 or on sm_80);
-* 4 warps only: Triton gives chained tile products all warps along the rows,
-  so 8 warps would need 128-row chunks, whose scores alone take 64 registers;
-* ``num_stages`` ≥ 3 is what prefetches the next chunk (with 2, Triton 3.6 and
-  3.9 issue the next loads right before waiting on them); 4 prefetches two;
-* value tiles of 16 only where the state leaves no room for 32 (large r) or
-  d is that small: each further value tile repeats the score product;
-* float32 operands (TF32): the b tile counts twice (its loaded copy is float32
-  too) and the bound is lower;
+* r tiles of 64 (of 32 only when r ≤ 32): 32-wide tiles at larger r spill
+  hundreds of bytes with 64-row chunks;
+* r ≤ 128: chunks of 64 or 32 rows, value tiles up to 64 (at most a few dozen
+  bytes spilled outside the chunk loop, with an initial and a final state);
+* r > 128: chunks and value tiles of at most 32 (larger ones spill 100-500 B);
+* 64-row chunks with 2 stages only: 3 would hold 120 KB of tiles at
+  r = d = 128, one program per multiprocessor instead of two;
+* chunks of at least 32 rows and 4 warps: Triton gives chained tile products
+  all warps along the rows, so 8 warps would need 128-row value tiles;
+* value tiles of 16 only where d is that small: each further value tile
+  repeats the score product;
+* float32 operands (TF32): chunks of at most 32 rows, as before the
+  transposed state (64-row chunks, whose score product would become a TF32
+  warpgroup MMA, have not been timed); the state goes through shared memory
+  as the product's operand, the b tile counts twice, and the bound on held
+  values is that of :data:`HELD_PER_THREAD`;
 * float32 with ``precision="ieee"`` runs its products on CUDA cores, which hold
   whole operand rows per thread: no tile is spill-free there; the smallest
-  tiles spill least (8-16 B at r = d = 128, ~850 B at r = d = 256).
+  tiles spill least (8-16 B at r = d = 128).
 
 Each family's list is the product of its axes; the rules leave at most 8
 for any launch.
@@ -39,8 +39,8 @@ from __future__ import annotations
 from ..configs import KernelSpace
 from ._util import elem_bytes, pow2, regs_per_thread
 
-HELD_PER_THREAD = {"16bit": 144, "tf32": 116}
-"""Upper bound on the float32 values a thread may hold (see the module docstring)."""
+HELD_PER_THREAD = 116
+"""Upper bound on the float32 values a thread may hold with TF32 operands."""
 
 
 def _operands(args) -> str:
@@ -51,11 +51,12 @@ def _operands(args) -> str:
 
 def walk_smem(cfg, args) -> int:
     """Shared memory of one chunk-walk program (an upper bound): ``num_stages`` copies of
-    the b, c, v tiles, the float32 state staged as the B operand of b · S, and the
-    scores re-laid-out as an operand."""
+    the b, c, v tiles, the scores and the decayed values re-laid-out as operands, and with
+    float32 operands the state staged as the operand of its product."""
     es = elem_bytes(args)
     bt, bv, rp = cfg["BT"], cfg["BV"], pow2(args["R"])
-    return cfg["num_stages"] * bt * (2 * rp + bv) * es + rp * bv * 4 + bt * bt * es
+    staged_state = rp * bv * 4 if es == 4 else 0
+    return cfg["num_stages"] * bt * (2 * rp + bv) * es + bt * bt * es + bt * bv * es + staged_state
 
 
 def walk_fits(cfg, args) -> bool:
@@ -70,29 +71,39 @@ def walk_fits(cfg, args) -> bool:
         return bt == 16 and bv == 16 and bk == max(32, rp // 4)
     if bt < 32 or (bk == 32 and rp > 32):
         return False
-    if rp > 128 and bt > 32:
+    if bt == 64 and cfg["num_stages"] > 2:
         return False
     if bv == 16 and rp <= 128 and dp > 16:
         return False
-    # float32 operands: the b tile upcast for the state product is itself a float32 load
-    held = rp * bv + bt * bv + 2 * bt * bt + (2 if kind == "tf32" else 1) * bt * bk
-    return regs_per_thread(held, warps) <= HELD_PER_THREAD[kind]
+    if kind == "16bit":
+        return rp <= 128 or (bt <= 32 and bv <= 32)
+    if bt > 32:
+        return False
+    # float32 operands: the b tile is itself a float32 load
+    held = rp * bv + bt * bv + 2 * bt * bt + 2 * bt * bk
+    return regs_per_thread(held, warps) <= HELD_PER_THREAD
 
 
 def walk_space(name: str) -> KernelSpace:
     """The chunk-walk config space under ``name`` (one per method that launches the walk)."""
     # value order = preference: the first fitting config is the one run untuned.
-    # sm_90: no 64-row chunks.  With them the M = 64 products go to Hopper's warpgroup MMA, and on an
-    # H200 with Triton 3.6 the walk then returned wrong outputs and states (relative error ~0.7) and,
-    # now and then, an illegal address (perf/config_sweep.py); 32-row chunks, on the mma.sync path,
-    # were exact in the same sweep.  On an H100 (Triton 3.6) a 64-row walk (BV 32, 3 stages) met an
-    # illegal address at 1 × 32 heads × 100 000 (perf/results/h100/walk_configs.log).
-    # sm_90: value tiles of 64 first (at r = d = 128 the tuner's choice: 32-wide tiles repeat the score
-    # product twice as often, 1.9× slower at 1 × 100 000 in perf/results/h100/walk_configs.log).
-    sm90 = dict(BT=[32, 16], BK=[64, 32], BV=[64, 32, 16], num_warps=[4], num_stages=[4, 3])
-    ampere = dict(BT=[64, 32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[3, 2])
+    # sm_90: 64-row chunks and 64-wide value tiles first: every product but the [BT, BT] scores of a
+    # 32-row chunk is then a warpgroup MMA, and at r = d = 128 this config measured fastest on an H100
+    # (block_based at 1 × 32 heads × 100 000, float16 with decay: 1.95 ms against 2.18-2.25 ms with
+    # 32-row chunks; perf/results/h100/walk_transposed.log).  (The walk before the transposed state
+    # returned wrong results with 64-row chunks on Triton 3.6; this one passes the suite with them.)
+    # 16-row chunks serve float32 "ieee" alone (CUDA-core products, 16 × 16 tiles).
+    sm90 = [dict(BT=[64, 32], BK=[64, 32], BV=[64, 32, 16], num_warps=[4], num_stages=[2, 4, 3]),
+            dict(BT=[16], BK=[64, 32], BV=[16], num_warps=[4], num_stages=[4, 3])]
+    # sm_80/86/89 (mma.sync): 64-row chunks with 32- or 16-wide value tiles only (with 64-wide ones
+    # the register tiles spill ~800 B on those targets)
+    ampere = [dict(BT=[64], BK=[64, 32], BV=[32, 16], num_warps=[4], num_stages=[2]),
+              dict(BT=[32], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[3, 2]),
+              dict(BT=[16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[3, 2])]
     # one stage (no prefetch) only where nothing else fits (r > 128 with float32 operands)
-    small_smem = dict(BT=[64, 32, 16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[2, 1])
+    small_smem = [dict(BT=[64], BK=[64, 32], BV=[32, 16], num_warps=[4], num_stages=[2]),
+                  dict(BT=[32], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[2, 1]),
+                  dict(BT=[16], BK=[64, 32], BV=[32, 64, 16], num_warps=[4], num_stages=[2, 1])]
     return KernelSpace(
         name=name,
         axes={"default": ampere, "a100": ampere, "a6000": small_smem, "ada": small_smem, "h100": sm90, "h200": sm90},

@@ -4,15 +4,20 @@ The sequence is cut into segments of L rows (L from the family's rule in
 autotune/spaces/block_based.py, so that programs ≈ a small multiple of the
 multiprocessors).  Then:
 
-1. ``segment_start_states`` (kernels/_segments.py): every segment's local state
-   Σ_j γ^(e−1−j) c_jᵀ v_j in parallel (the last segment's only when the final
-   state is wanted), and a short scan over the segments that turns them into
-   start states (segment 0 starts from the initial state) and writes the final
-   state;
+1. ``segment_local_states`` (kernels/_segments.py): the local state
+   Σ_j γ^(e−1−j) c_jᵀ v_j of every segment but the last, in parallel;
 2. the lightning_attention chunk walk (kernels/lightning_attention.py), one
    program per (value tile, segment, batch·head), each starting from its
-   segment's state: intra-chunk masked decayed products on tensor cores,
-   inter-chunk through the float32 state in registers.
+   segment's start state γ^(s·L) S₀ + Σ_{j<s} γ^((s−1−j)·L) S_loc[j], which it
+   sums itself (the last segment's programs end with the final state):
+   intra-chunk masked decayed products on tensor cores, inter-chunk through
+   the float32 state in registers.
+
+With many segments (a few batch·heads and a very long sequence: see
+``walk_sums_prefix`` in autotune/spaces/block_based.py) those sums would read
+the local states quadratically often; a short scan kernel then turns them into
+start states first (``segment_start_states``).  Folding the scan into the walk
+saves a launch, which counts where a call takes a fraction of a millisecond.
 
 Memory traffic: b once, c and v twice (the state pass reads all segments but the last), o once,
 plus the float32 workspace of NS · r · d per batch·head.  When one segment
@@ -25,7 +30,8 @@ from typing import Mapping, Optional
 from ..api import Problem
 from ..autotune import current_family
 from ..autotune.spaces import block_based as spaces
-from ._segments import segment_start_states
+from ..autotune.spaces._util import cdiv
+from ._segments import segment_local_states, segment_start_states
 from .lightning_attention import chunk_walk_kernel, launch_chunk_walk
 
 _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
@@ -40,5 +46,10 @@ def block_based_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     if seg_len >= n:
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config)
         return
-    ws = segment_start_states(p, seg_len, config)
-    launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len)
+    if spaces.walk_sums_prefix(cdiv(n, seg_len), current_family(p.v.device)):
+        # few segments: the walk sums each start state from the local states itself (no scan launch)
+        ws = segment_local_states(p, seg_len, config, last=False)
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True)
+    else:
+        ws = segment_start_states(p, seg_len, config)
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len)

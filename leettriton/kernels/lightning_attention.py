@@ -29,13 +29,15 @@ decayed scores and the decayed v are rounded to the input dtype, as in every
 flash-style kernel).  The state stays float32; for its product with b it is
 rounded to the input dtype (see :func:`_state_times_b`): float16 with each row
 scaled by a power of two (never past float16's limit, 11 significant bits,
-as TF32 keeps), bfloat16 as two halves (16 significant bits).  The row decay
+as TF32 keeps), bfloat16 as it is (8 bits, as b itself).  The row decay
 γ^(i+1) is applied to the product's rows, after it.  float32 inputs run every
 product at ``DOT_PRECISION`` ("ieee" by default, or TF32).
 
 The same jit body serves ``block_based`` (kernels/block_based.py): there the
 sequence is cut into segments whose start states come from the shared
-segment-state kernels, and one program walks one segment (``SEGMENTED``).
+segment-state kernels, and one program walks one segment (``SEGMENTED``);
+with few segments each program sums its start state from the segments' local
+states itself (``PREFIX``), which saves the scan's launch.
 Cost O(n T (r + d) + n r d); memory traffic b, c, v read once, o written once.
 """
 from __future__ import annotations
@@ -51,7 +53,7 @@ from ..autotune.spaces import lightning_attention as spaces
 from ..autotune.spaces._util import cdiv
 from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_at_least_16, problem_args, store_tile
 
-KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED"]
+KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX"]
 
 
 @triton.jit
@@ -100,27 +102,16 @@ def _pow2_scales(m):
 def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
     """acc + Sᵀ bᵀ for one [BV, BK] state tile and one [BT, BK] tile of b: [BV, BK] @ [BK, BT].
 
-    16-bit b: Sᵀ goes in as register operands of 16-bit products (products exact, sums in
-    float32), so the state is never staged through shared memory:
-
-    * float16: one copy, its rows scaled by the powers of two of :func:`_pow2_scales` (no
-      overflow past 65 504), undone on the product's rows by the caller: 11 significant bits
-      for every entry down to 2^-28 of its row's largest, as many as TF32 keeps;
-    * bfloat16 (float32's range, no scaling; ``up`` is ignored): two halves, hi = round(Sᵀ)
-      and lo = round(Sᵀ − hi), 16 significant bits (one half alone, 8 bits, measured 2-3×
-      the error in state-dominated cases).
-
-    float32 b: one product at ``PRECISION``.
+    16-bit b: Sᵀ goes in rounded to b's dtype, the register operand of a 16-bit product (products
+    exact, sums in float32), so the state is never staged through shared memory.  float16 rows
+    are first scaled by the powers of two of :func:`_pow2_scales` (no overflow past 65 504; 11
+    significant bits for every entry down to 2^-28 of its row's largest, as TF32 keeps), undone
+    on the product's rows by the caller; bfloat16 has float32's range and needs no scaling (``up``
+    is ignored; 8 significant bits, as in b itself).  float32 b: one product at ``PRECISION``.
     """
     if b.dtype == tl.float16:
-        acc += mma((s * up[:, None]).to(tl.float16), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
-    elif b.dtype == tl.bfloat16:
-        s_hi = s.to(tl.bfloat16)
-        acc += mma(s_hi, tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
-        acc += mma((s - s_hi.to(tl.float32)).to(tl.bfloat16), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
-    else:
-        acc += mma(s, tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
-    return acc
+        s = s * up[:, None]
+    return acc + mma(s.to(b.dtype), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
 
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
@@ -132,7 +123,7 @@ def _chunk_walk_fwd_kernel(
     H, N, R, D,
     HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS,
-    SEGMENTED: tl.constexpr, RP: tl.constexpr,
+    SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, RP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
@@ -165,9 +156,11 @@ def _chunk_walk_fwd_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
 
-    # the state before the segment's first row: the segment-state workspace, the initial state, or zero
-    # (segments always start from the workspace: the launcher sets HAS_INITIAL for them)
-    if SEGMENTED:
+    # the state before the segment's first row.  SEGMENTED: the segments' start states are in the
+    # workspace (the launcher sets HAS_INITIAL for them); PREFIX: their local states are, and the start
+    # state is γ^(i_s·SEG) S₀ + Σ_{j < i_s} γ^((i_s−1−j)·SEG) S_loc[j], summed here; otherwise the
+    # initial state, or zero
+    if SEGMENTED and not PREFIX:
         p_s = ws_ptr + i_bhs.to(tl.int64) * R * D
         stride_sk = D
         stride_sd = 1
@@ -181,6 +174,24 @@ def _chunk_walk_fwd_kernel(
     if NK >= 4:
         s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
         s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
+    if PREFIX:
+        g_s = decay(lam, i_s.to(tl.int64) * SEG, HAS_DECAY)
+        s0 = s0 * g_s
+        if NK >= 2:
+            s1 = s1 * g_s
+        if NK >= 4:
+            s2 = s2 * g_s
+            s3 = s3 * g_s
+        p_ws = ws_ptr + (i_bh * NS).to(tl.int64) * R * D
+        for j in range(0, i_s):
+            g_j = decay(lam, (i_s - 1 - j).to(tl.int64) * SEG, HAS_DECAY)
+            s0 += g_j * _start_state(p_ws, D, 1, o_k, o_v, R, D, True, BK, BV)
+            if NK >= 2:
+                s1 += g_j * _start_state(p_ws, D, 1, BK + o_k, o_v, R, D, True, BK, BV)
+            if NK >= 4:
+                s2 += g_j * _start_state(p_ws, D, 1, 2 * BK + o_k, o_v, R, D, True, BK, BV)
+                s3 += g_j * _start_state(p_ws, D, 1, 3 * BK + o_k, o_v, R, D, True, BK, BV)
+            p_ws += R * D
 
     # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
     m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
@@ -239,14 +250,16 @@ def _chunk_walk_fwd_kernel(
         p_v += BT * stride_vn
         p_o += BT * stride_on
 
+    # the final state: the walk of the last segment ends with it
     if STORE_STATE:
-        p_st = st_ptr + i_b * stride_stb + i_h * stride_sth
-        _store_state(p_st, s0, stride_stk, stride_std, o_k, o_v, R, D)
-        if NK >= 2:
-            _store_state(p_st, s1, stride_stk, stride_std, BK + o_k, o_v, R, D)
-        if NK >= 4:
-            _store_state(p_st, s2, stride_stk, stride_std, 2 * BK + o_k, o_v, R, D)
-            _store_state(p_st, s3, stride_stk, stride_std, 3 * BK + o_k, o_v, R, D)
+        if i_s == NS - 1:
+            p_st = st_ptr + i_b * stride_stb + i_h * stride_sth
+            _store_state(p_st, s0, stride_stk, stride_std, o_k, o_v, R, D)
+            if NK >= 2:
+                _store_state(p_st, s1, stride_stk, stride_std, BK + o_k, o_v, R, D)
+            if NK >= 4:
+                _store_state(p_st, s2, stride_stk, stride_std, 2 * BK + o_k, o_v, R, D)
+                _store_state(p_st, s3, stride_stk, stride_std, 3 * BK + o_k, o_v, R, D)
 
 
 def chunk_walk_kernel(space: KernelSpace):
@@ -262,9 +275,14 @@ _lightning_attention_fwd_kernel = chunk_walk_kernel(spaces.FWD)
 
 
 def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[Mapping], *, ws=None,
-                      seg_len: Optional[int] = None) -> None:
-    """Walk the chunks of ``p`` with ``kernel``: the whole sequence, or segments of ``seg_len`` rows
-    whose start states are in ``ws`` (``(B, H, NS, r, d)`` float32, from ``segment_start_states``)."""
+                      seg_len: Optional[int] = None, prefix: bool = False) -> None:
+    """Walk the chunks of ``p`` with ``kernel``: the whole sequence, or segments of ``seg_len`` rows.
+
+    ``ws`` (``(B, H, NS, r, d)`` float32) holds the segments' start states (from
+    ``segment_start_states``), or with ``prefix`` their local states (from ``segment_local_states``;
+    the last segment's entry is not read): each program then sums its own start state and the
+    last segment's programs write the final state.
+    """
     B, H, n, r, d = p.shape
     args = problem_args(p)
     if ws is None:
@@ -272,12 +290,13 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         ws = p.out  # unused stand-in
     else:
         ns, segmented = cdiv(n, seg_len), True
-        # every segment starts from its state in the workspace (the segment-state kernels folded in
-        # the initial state there, and wrote the final state)
-        args.update(HAS_INITIAL=True, STORE_STATE=False)
+        if not prefix:
+            # every segment starts from its state in the workspace (the segment-state kernels folded in
+            # the initial state there, and wrote the final state)
+            args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     launch(kernel, grid, (config or {}).get(space.name), **args, ws_ptr=ws, SEG=seg_len, NS=ns,
-           SEGMENTED=segmented, RP=pow2_at_least_16(r))
+           SEGMENTED=segmented, PREFIX=prefix, RP=pow2_at_least_16(r))
 
 
 def lightning_attention_fwd(p: Problem, config: Optional[Mapping] = None) -> None:

@@ -67,3 +67,18 @@ def segment_length(batch_heads: int, n: int, d: int, family: Family,
         return n
     seg = cdiv(cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN
     return min(seg, n)
+
+
+PREFIX_SEGMENTS = 8
+"""Most segments for which each walk program sums its own start state from the segments' local
+states (it reads up to NS − 1 of them, r·d·4 B each: at most 7 · 64 KB at r = d = 128, against a
+scan launch saved); with more, a scan kernel computes the start states once."""
+
+INTERPRETER_PREFIX_SEGMENTS = 3
+"""The same bound under the interpreter, low so that the CPU suite's sequences of a few hundred
+rows run both paths."""
+
+
+def walk_sums_prefix(segments: int, family: Family) -> bool:
+    """Whether a walk over ``segments`` segments sums its start states itself (no scan kernel)."""
+    return segments <= (INTERPRETER_PREFIX_SEGMENTS if family.name == "cpu" else PREFIX_SEGMENTS)

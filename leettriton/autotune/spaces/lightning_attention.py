@@ -6,9 +6,8 @@ num_warps, num_stages.
 
 One program keeps in registers the whole [BV, r] float32 state, the [BV, BT]
 output tile, the [BT, BT] scores and their decay mask, and (16-bit inputs)
-the 16-bit copy of one state tile (bfloat16: two halves), the register
-operand of the state product.  The rules below come from sm_90 cubins of every combination of the
-axes at r = d = 32, 64, 128, 256 in float16 and bfloat16 (Triton 3.6, 4
+the 16-bit copy of one state tile, the register operand of the state product.
+The rules below come from sm_90 cubins of every combination of the axes at r = d = 32, 64, 128, 256 in float16 and bfloat16 (Triton 3.6, 4
 warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
 
 * r tiles of 64 (of 32 only when r ≤ 32): 32-wide tiles at larger r spill

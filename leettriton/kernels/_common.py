@@ -17,7 +17,7 @@ from ..autotune.spaces._util import next_power_of_2
 
 # Triton's interpreter multiplies the raw bit patterns of bfloat16 dot operands;
 # upcasting them to float32 first gives the product the GPU's tensor cores give
-# (bf16 × bf16 is exact in fp32).  A compile-time no-op on the GPU.
+# (bf16 × bf16 is exact in fp32).  A compile-time no-op on the GPU (as is round_to's shim).
 _INTERPRETER_BF16_DOT = tl.constexpr(is_interpreting())
 
 
@@ -83,6 +83,22 @@ def mma(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """float32 ``x`` rounded to ``dtype`` to nearest (ties to even), as the GPU converts.
+
+    Triton's interpreter truncates float32 → bfloat16 (towards zero, a bias of half a unit in
+    the last place); under it the rounding is done on the bit pattern first, so that the CPU
+    suite sees the GPU's arithmetic.  A plain conversion on the GPU.
+    """
+    if _INTERPRETER_BF16_DOT:
+        if dtype == tl.bfloat16 and x.dtype == tl.float32:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
 def load_tile(ptr, rows, cols, stride_row, stride_col, n_rows, n_cols):
     """A [len(rows), len(cols)] tile, zero outside ``rows < n_rows`` and ``cols < n_cols``."""
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -92,7 +108,7 @@ def load_tile(ptr, rows, cols, stride_row, stride_col, n_rows, n_cols):
 @triton.jit
 def store_tile(ptr, value, rows, cols, stride_row, stride_col, n_rows, n_cols):
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    tl.store(ptr + rows[:, None] * stride_row + cols[None, :] * stride_col, value.to(ptr.dtype.element_ty),
+    tl.store(ptr + rows[:, None] * stride_row + cols[None, :] * stride_col, round_to(value, ptr.dtype.element_ty),
              mask=mask)
 
 

@@ -51,7 +51,8 @@ from ..api import Problem
 from ..autotune import KernelSpace, autotune, launch
 from ..autotune.spaces import lightning_attention as spaces
 from ..autotune.spaces._util import cdiv
-from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_at_least_16, problem_args, store_tile
+from ._common import (causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_at_least_16, problem_args,
+                      round_to, store_tile)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX"]
 
@@ -111,7 +112,7 @@ def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
     """
     if b.dtype == tl.float16:
         s = s * up[:, None]
-    return acc + mma(s.to(b.dtype), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+    return acc + mma(round_to(s, b.dtype), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
 
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
@@ -231,12 +232,12 @@ def _chunk_walk_fwd_kernel(
         # the rows' float16 scales undone); this chunk through the masked scores
         b_ot = b_ot * down[:, None] * row_decay[None, :]
         b_at = b_at * m_intra_t
-        b_ot += mma(b_vt, b_at.to(b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
+        b_ot += mma(b_vt, round_to(b_at, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
         store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
 
         # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
         n_rows = tl.minimum(rows, BT)
-        b_vdt = (b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]).to(b_vt.dtype)
+        b_vdt = round_to(b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :], b_vt.dtype)
         g_chunk = decay(lam, n_rows, HAS_DECAY)
         s0 = s0 * g_chunk + mma(b_vdt, c0, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
         if NK >= 2:

@@ -19,9 +19,9 @@ FWD = walk_space("block_based.fwd")
 
 PROGRAMS_PER_SM = 2
 """Walk programs to aim for per multiprocessor: exactly one wave.  The 16-bit
-configs run 4 warps with 170-250 registers per thread and 30-140 KB of shared
-memory, so two programs share an SM (the loads of one hide behind the products
-of the other); a second, partial wave would leave SMs idle at the end."""
+configs run 4 warps with 240-255 registers per thread and 25-82 KB of shared
+memory on sm_90, so two programs share an SM (the loads of one hide behind the
+products of the other); a second, partial wave would leave SMs idle at the end."""
 
 MIN_SEGMENT = 1024
 """Fewest rows per segment: below this the extra traffic of a segment (its

@@ -144,11 +144,17 @@ def main(argv=None) -> common.Report:
     p.add_argument("--precision-only", action="store_true", help="only the precision section (n = 100 000)")
     p.add_argument("--precision-dtypes", default="float16,bfloat16,float32",
                    help="comma-separated dtypes of the precision section")
+    p.add_argument("--shapes", help="comma-separated BATCHxN: only the speed tables, at these shapes "
+                   "(their own files, bench_chunked_shapes.*: e.g. to measure short, host-bound calls again)")
     args = p.parse_args(argv)
     device = common.device_of(args)
     rep = common.Report(NAME, "Chunked methods vs fla and lightning-attn", common.cli_argv(argv), device, args.quick)
+    if args.precision_only and args.shapes:
+        p.error("--precision-only and --shapes exclude each other")
     if args.precision_only:
         rep.name += "_precision"  # its own files: a full run's speed tables are not overwritten
+    if args.shapes:
+        rep.name += "_shapes"
     rep_ms = args.rep_ms or (50 if args.quick else 100)
     names = [x for x in args.precision_dtypes.split(",") if x]
     if not names or any(x not in ("float16", "bfloat16", "float32") for x in names):
@@ -169,13 +175,21 @@ def main(argv=None) -> common.Report:
         dtypes, decays = [torch.float16], [True, False]
         shapes = [(1, 64), (2, 128)]
         pn, pheads = 512, 2
+    if args.shapes:
+        try:
+            shapes = [tuple(int(x) for x in item.split("x")) for item in args.shapes.split(",")]
+        except ValueError:
+            p.error(f"--shapes takes BATCHxN pairs such as 1x8192,16x2048, got {args.shapes!r}")
+        if not shapes or any(len(x) != 2 or min(x) < 1 for x in shapes):
+            p.error(f"--shapes takes BATCHxN pairs such as 1x8192,16x2048, got {args.shapes!r}")
     failed = None
     with torch.no_grad():
         try:
             if not args.precision_only:
                 run_speed(rep, args, dtypes, decays, shapes, heads, r, d, rep_ms)
                 rep.finish(args.out)  # the speed tables on disk now: the precision section may be cut off
-            run_precision(rep, args, precision_dtypes, (1.0, 0.999, 0.9), pn, pheads, r, d)
+            if not args.shapes:
+                run_precision(rep, args, precision_dtypes, (1.0, 0.999, 0.9), pn, pheads, r, d)
         except bench.DeviceFailure as exc:
             rep.rows.extend(exc.rows)
             failed = common.stopped(rep, exc)

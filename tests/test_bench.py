@@ -408,6 +408,17 @@ def test_perf_script_quick_on_cpu(name, tmp_path):
     assert all(t[3] != "FAIL" for t in rep.targets), rep.targets
 
 
+def test_bench_chunked_shapes_measures_only_those_shapes_into_files_of_its_own(tmp_path):
+    mod = _script("bench_chunked")
+    rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5", "--shapes", "1x48"])
+    assert {(r["batch"], r["n"]) for r in rep.rows} == {(1, 48)}
+    assert all(r.get("section") == "speed" for r in rep.rows)             # no precision section
+    assert (tmp_path / "cpu" / "bench_chunked.quick_shapes.json").exists()
+    assert not (tmp_path / "cpu" / "bench_chunked.quick.json").exists()   # a full run's files are left alone
+    with pytest.raises(SystemExit):
+        mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--shapes", "1x"])
+
+
 def test_host_overhead_script_on_cpu():
     """perf/host_overhead.py stubs the launches, so it runs in a process of its own."""
     import subprocess

@@ -42,11 +42,12 @@ def block_based_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
     (``config``: per-kernel configs, or None to autotune)."""
     B, H, n, r, d = p.shape
     walk_config = (config or {}).get(spaces.FWD.name)
-    seg_len = spaces.segment_length(B * H, n, d, current_family(p.v.device), walk_config)
+    family = current_family(p.v.device)
+    seg_len = spaces.segment_length(B * H, n, d, family, walk_config)
     if seg_len >= n:
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config)
         return
-    if spaces.walk_sums_prefix(cdiv(n, seg_len), current_family(p.v.device)):
+    if spaces.walk_sums_prefix(cdiv(n, seg_len), family):
         # few segments: the walk sums each start state from the local states itself (no scan launch)
         ws = segment_local_states(p, seg_len, config, last=False)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True)

@@ -59,8 +59,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from . import api
-from .api import BUILTIN_METHODS, linear_attention
+from . import registry as api
+from .api import linear_attention
+from .methods import BUILTIN_METHODS
 from .autotune.families import is_interpreting
 from .reference import reference
 
@@ -715,10 +716,10 @@ def default_methods(device) -> list[str]:
 
 def _auto_choice(b, c, v, gamma) -> str:
     try:
-        from .dispatch import choose
+        from .plan import choose
+        from .problem import Problem
 
-        lam = None if gamma is None else torch.log2(gamma.float())
-        p = api.Problem(b, c, v, lam, None, v, None, "ieee")   # out is never written by choose()
+        p = Problem(b, c, v, gamma, None, v, None, "ieee")   # out is never written by choose()
         return f"auto → {choose(p)[0]}"
     except Exception as exc:  # noqa: BLE001  (informative only)
         return f"auto → ? ({_first_line(exc)})"

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .api import _bhnd, make_problem
+from .problem import check_bool, make_problem, to_bhnd as _bhnd
 
 __all__ = ["reference"]
 

@@ -28,7 +28,7 @@ from typing import Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from .api import Problem
+from .problem import Problem
 
 __all__ = [
     "vanilla_torch", "causal_dot_product_torch", "block_based_torch", "recursion_torch",

@@ -24,7 +24,9 @@ import time
 
 import torch
 
-from .api import BUILTIN_METHODS, make_problem, run_problem
+from .methods import BUILTIN_METHODS
+from .plan import run_problem
+from .problem import make_problem
 from .autotune import KERNELS, chosen_config, current_family, recording
 from .autotune.families import FAMILIES
 from .autotune.heuristics import FORMAT, default_path

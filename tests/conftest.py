@@ -10,10 +10,12 @@
   ``--hypothesis-profile=NAME``.
 * Every output the package allocates is filled with NaN first, so an element a
   kernel forgets to write fails the comparison.
+* A pinned config that does not fit its launch (``PinnedConfigWarning``) fails the test.
 """
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -26,7 +28,8 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 import leettriton  # noqa: E402
-import leettriton.api  # noqa: E402
+import leettriton.problem  # noqa: E402
+from leettriton.autotune.configs import PinnedConfigWarning  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
@@ -43,14 +46,22 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if HAS_GPU else
 
 
 @pytest.fixture(autouse=True)
+def pinned_configs_must_fit():
+    """A pinned config that does not fit its launch is an error in the tests (a warning for users)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PinnedConfigWarning)
+        yield
+
+
+@pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
     """Fill every output tensor the package allocates with NaN."""
-    real = leettriton.api._new_empty
+    real = leettriton.problem.new_empty
 
     def poisoned(shape, dtype, device):
         return real(shape, dtype, device).fill_(float("nan"))
 
-    monkeypatch.setattr(leettriton.api, "_new_empty", poisoned)
+    monkeypatch.setattr(leettriton.problem, "new_empty", poisoned)
     yield
 
 

@@ -11,7 +11,7 @@ import triton
 
 from leettriton.autotune import FAMILIES, KERNELS, autotune_enabled
 from leettriton.autotune.families import family_of_device
-import leettriton.methods  # noqa: F401  (imports every kernel module of a method)
+import leettriton.methods
 from conftest import DEVICE
 import leettriton.kernels.decode  # noqa: F401  (and decode_step's)
 
@@ -80,7 +80,7 @@ def test_axes_given_as_a_list_are_the_union_of_their_products_in_order():
 
 
 def test_chunk_walk_space_on_sm90_puts_64_row_chunks_first_for_16bit_only():
-    from leettriton.autotune.spaces import lightning_attention as walk
+    from leettriton.methods.lightning_attention import space as walk
 
     def first(dtype, precision, r=128, d=128):
         args = {"R": r, "D": d, "v_ptr": torch.empty(1, dtype=dtype), "DOT_PRECISION": precision}
@@ -118,7 +118,7 @@ def test_kernels_compile_for_gpu_targets(arch, family):
 
 def test_host_integer_helpers_match_triton():
     """The plain host helpers give what triton.cdiv / triton.next_power_of_2 give."""
-    from leettriton.autotune.spaces._util import cdiv, next_power_of_2
+    from leettriton.autotune.sizing import cdiv, next_power_of_2
 
     for a in (0, 1, 2, 15, 16, 17, 100000, 2 ** 31 + 3):
         for b in (1, 2, 16, 64, 100):
@@ -128,8 +128,8 @@ def test_host_integer_helpers_match_triton():
 
 
 def test_problem_args_are_built_once_and_handed_out_as_copies():
-    from leettriton.api import make_problem
-    from leettriton.kernels._common import problem_args
+    from leettriton.problem import make_problem
+    from leettriton.kernels.abi import problem_args
 
     b = torch.randn(1, 2, 8, 4)
     p, _ = make_problem(b, b, b, 0.5)

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import leettriton
-from leettriton.api import BUILTIN_METHODS, make_problem, run_problem
+from leettriton.methods import BUILTIN_METHODS
+from leettriton.plan import run_problem
+from leettriton.problem import make_problem
 from leettriton.autotune import current_family, recording
 from conftest import DEVICE, HAS_GPU
 from helpers import Case, assert_close, tolerance

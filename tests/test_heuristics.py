@@ -8,10 +8,10 @@ import torch
 
 import leettriton
 from leettriton import tune
-from leettriton.api import make_problem
+from leettriton.problem import make_problem
 from leettriton.autotune import FAMILIES, current_family, recording
-from leettriton.autotune.heuristics import FORMAT, HeuristicsError, load_heuristics
-from leettriton.dispatch import choose, fallback
+from leettriton.autotune.heuristics import FORMAT, HeuristicsError, read_heuristics
+from leettriton.plan import choose, fallback
 from conftest import DEVICE
 from helpers import Case, assert_close
 
@@ -35,7 +35,7 @@ def no_active_file():
 
 
 def test_lookup_exact_and_nearest(tmp_path):
-    h = load_heuristics(write(tmp_path, [
+    h = read_heuristics(write(tmp_path, [
         point(n=1024, best="vanilla"), point(n=65536, best="block_based"), point(bh=512, n=65536, best="fleet_attention"),
         point(dtype="float32", n=1024, best="recursion"), point(decay=False, n=1024, best="causal_dot_product")]))
     assert h.lookup("float16", True, 128, 128, 32, 1024)[0] == "vanilla"            # exact
@@ -56,18 +56,18 @@ def test_corrupt_file(tmp_path, content, why):
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(HeuristicsError, match=f"heuristic file {path}: {why}"):
-        load_heuristics(str(path))
+        read_heuristics(str(path))
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(HeuristicsError, match="cannot be read"):
-        load_heuristics(str(tmp_path / "absent.json"))
+        read_heuristics(str(tmp_path / "absent.json"))
 
 
 def test_foreign_family(tmp_path):
     path = write(tmp_path, [point()], family="a6000")
     with pytest.raises(HeuristicsError, match="was measured on the 'a6000' family, but this device is 'h100'"):
-        load_heuristics(path, "h100")
+        read_heuristics(path, "h100")
 
 
 @pytest.mark.parametrize("bad,why", [({"best": "nonsense"}, "unknown method 'nonsense'"),
@@ -77,7 +77,7 @@ def test_malformed_points(tmp_path, bad, why):
     p = point()
     p.update(bad)
     with pytest.raises(HeuristicsError, match=why):
-        load_heuristics(write(tmp_path, [p]))
+        read_heuristics(write(tmp_path, [p]))
 
 
 def test_env_variable_with_corrupt_file_fails_clearly(tmp_path, monkeypatch):

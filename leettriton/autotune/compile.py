@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability as 80, 86, 89, 90")
     ap.add_argument("--family", default=None, help="config list to check (default: from --arch)")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    ap.add_argument("--methods", default=",".join(leettriton.api.BUILTIN_METHODS + ("decode",)),
+    ap.add_argument("--methods", default=",".join(leettriton.methods.BUILTIN_METHODS + ("decode",)),
                     help="comma-separated methods, and 'decode' for decode_step's kernel")
     ap.add_argument("--r", type=int, default=128)
     ap.add_argument("--d", type=int, default=128)

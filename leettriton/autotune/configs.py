@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,7 +31,7 @@ import triton
 from .families import FAMILIES, Family, current_family, is_interpreting
 
 __all__ = ["KernelSpace", "autotune", "launch", "chosen_config", "KERNELS", "config_dict", "autotune_enabled",
-           "recording"]
+           "recording", "PinnedConfigWarning"]
 
 ConfigDict = Mapping[str, int]
 
@@ -217,19 +218,43 @@ def recording():
         _launch_log.log = previous
 
 
+class PinnedConfigWarning(UserWarning):
+    """A pinned config (from a heuristic file or a caller) does not fit the launch it was pinned for."""
+
+
+_WARNED: set = set()
+
+
+def _warn_misfit(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> None:
+    """Say, once per kernel and config, that a pinned config does not fit and the kernel autotunes
+    instead (the test suite turns this warning into an error: docs/design.md §4)."""
+    key = (space.name, tuple(sorted(config.items())))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    family = current_family()
+    warnings.warn(PinnedConfigWarning(
+        f"leettriton: the pinned config {dict(config)} of kernel '{space.name}' does not fit this launch "
+        f"(r = {args.get('R')}, d = {args.get('D')}, {getattr(args.get('v_ptr'), 'dtype', '?')}) on the "
+        f"{family.name} family; the kernel autotunes among the configs that fit instead. A heuristic file "
+        f"measured with other kernels may be stale: measure it again with `python -m leettriton.tune`."),
+        stacklevel=3)
+
+
 def launch(kernel, grid, config: ConfigDict | None, **args):
     """Launch an autotuned ``kernel``: by its autotuner, or directly with ``config``.
 
     ``config`` (a dict such as a heuristic file holds) bypasses autotuning:
-    the call costs one compile and no benchmarking.
+    the call costs one compile and no benchmarking.  A pinned config that does
+    not fit this launch is never swapped silently: a :class:`PinnedConfigWarning`
+    says so (once), and the kernel autotunes among the configs that fit.
     """
     log = getattr(_launch_log, "log", None)
     if log is not None:
         log.append((kernel, args))
     if config is not None and not _fits(kernel.space, config, args):
-        # pinned at another shape and does not fit this one: the family's first fitting config
-        # (still no benchmarking on the call path)
-        config = kernel.space.usable(current_family(), args)[0]
+        _warn_misfit(kernel.space, config, args)
+        config = None
     if config is None:
         return _autotuned_launch(kernel, grid, args)
     meta = dict(config)

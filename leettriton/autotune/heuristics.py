@@ -22,12 +22,12 @@ import functools
 import json
 import math
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional
 
 FORMAT = "leettriton-heuristics/1"
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heuristics")
 
-__all__ = ["HeuristicsError", "Heuristics", "load_heuristics", "active_heuristics", "set_heuristics",
+__all__ = ["HeuristicsError", "Heuristics", "read_heuristics", "active_heuristics", "set_heuristics",
            "default_path", "FORMAT"]
 
 
@@ -74,15 +74,15 @@ def _fail(path: str, why: str):
     raise HeuristicsError(f"heuristic file {path}: {why}")
 
 
-def load_heuristics(path: str, family: Optional[str] = None) -> Heuristics:
-    """Read and check a heuristic file; ``family`` (if given) must match the file's.
+def read_heuristics(path: str, family: Optional[str] = None, methods: Collection[str] = ()) -> Heuristics:
+    """Read and check a heuristic file; ``family`` (if given) must match the file's, and every
+    method it names must be one of ``methods`` (the registered names, handed in by the caller).
 
     Raises :class:`HeuristicsError` naming the file for anything unusable:
     unreadable or not JSON, another format, a foreign family, unknown methods
     or kernels, malformed points.
     """
     from .configs import KERNELS
-    from ..api import _IMPLS
 
     try:
         with open(path) as f:
@@ -109,7 +109,7 @@ def load_heuristics(path: str, family: Optional[str] = None) -> Heuristics:
         best = p.get("best")
         if best is None:
             continue
-        if best not in _IMPLS:
+        if best not in methods:
             _fail(path, f"point {i} names an unknown method {best!r}")
         config = p.get("config") or {}
         if not isinstance(config, dict) or any(k not in KERNELS or not isinstance(v, dict)
@@ -121,20 +121,29 @@ def load_heuristics(path: str, family: Optional[str] = None) -> Heuristics:
 _ACTIVE: dict[str, Optional[Heuristics]] = {}
 
 
+_GENERATION = [0]
+
+
+def generation() -> int:
+    """A number that changes whenever the heuristics in use change (plans cached before are stale)."""
+    return _GENERATION[0]
+
+
 def set_heuristics(heuristics: Optional[Heuristics], family: str) -> None:
     """Use ``heuristics`` for ``family`` from now on (None: the fallback rule)."""
     _ACTIVE[family] = heuristics
+    _GENERATION[0] += 1
 
 
-def active_heuristics(family: str) -> Optional[Heuristics]:
+def active_heuristics(family: str, methods: Collection[str]) -> Optional[Heuristics]:
     """The heuristics in use for ``family``: ``LEETTRITON_HEURISTICS``, else the packaged file, else None."""
     if family in _ACTIVE:
         return _ACTIVE[family]
     path = os.environ.get("LEETTRITON_HEURISTICS")
     if path:
-        found = load_heuristics(path, family)
+        found = read_heuristics(path, family, methods)
     elif os.path.exists(default_path(family)):
-        found = load_heuristics(default_path(family), family)
+        found = read_heuristics(default_path(family), family, methods)
     else:
         found = None
     _ACTIVE[family] = found

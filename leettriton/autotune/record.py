@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .configs import KERNELS
+from .families import current_family
 
 
 class _Recorder:
@@ -41,15 +42,18 @@ def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=1
     On the ``meta`` device no memory is touched; the arguments carry the dtypes,
     strides and sizes a real launch of that shape would have.
     """
-    from ..api import make_problem
-    from ..methods import TRITON_IMPLS
+    from ..methods import Plan, builtin_methods
+    from ..problem import make_problem
 
     b, c = (torch.empty(B, H, n, r, dtype=dtype, device=device) for _ in range(2))
     v = torch.empty(B, H, n, d, dtype=dtype, device=device)
     s0 = torch.empty(B, H, r, d, dtype=torch.float32, device=device) if initial else None
-    p, _ = make_problem(b, c, v, 0.9 if decay else None, initial_state=s0, return_state=state)
+    p, _ = make_problem(b, c, v, 0.9 if decay else None, initial_state=s0, return_state=state,
+                        device_types=("meta",))
+    spec = builtin_methods()[method]
+    plan = Plan(method, spec.launch, None, spec.schedule(p, current_family(), None))
     with _Recorder() as rec:
-        TRITON_IMPLS[method](p, None)
+        plan.run(p, plan)
     return rec.calls
 
 
@@ -60,8 +64,8 @@ def record_decode(dtype: torch.dtype, B=4, H=2, r=128, d=128, decay=True, device
     b_t, c_t = (torch.empty(B, H, r, dtype=dtype, device=device) for _ in range(2))
     v_t = torch.empty(B, H, d, dtype=dtype, device=device)
     state = torch.empty(B, H, r, d, dtype=torch.float32, device=device)
-    lam = torch.empty(H, dtype=torch.float32, device=device) if decay else None
+    gamma = torch.empty(H, dtype=torch.float32, device=device) if decay else None
     out = torch.empty_like(v_t)
     with _Recorder() as rec:
-        decode_step_impl(b_t, c_t, v_t, state, lam, out)
+        decode_step_impl(b_t, c_t, v_t, state, gamma, out)
     return rec.calls

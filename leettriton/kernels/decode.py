@@ -26,10 +26,9 @@ import triton
 import triton.language as tl
 
 from ..autotune import autotune, is_interpreting, launch
-from ..autotune.spaces import decode as spaces
-from ..autotune.spaces._util import cdiv
-from ._common import head_log2_gamma
-from .causal_dot_product import step_decay
+from . import decode_space as spaces
+from ..autotune.sizing import cdiv
+from .abi import head_log2_gamma, step_decay
 
 _KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY"]
 
@@ -37,7 +36,7 @@ _KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY"]
 @autotune(spaces.STEP, key=_KEY, restore_value=["st_ptr"])
 @triton.jit(do_not_specialize=["BH_BUCKET"])
 def _decode_step_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, st_ptr,
     stride_bb, stride_bh, stride_bk, stride_cb, stride_ch, stride_ck, stride_vb, stride_vh, stride_vd,
     stride_ob, stride_oh, stride_od, stride_sb, stride_sh, stride_sk, stride_sd,
     H, R, D, BH_BUCKET,
@@ -56,7 +55,7 @@ def _decode_step_kernel(
     v_ptr += i_b * stride_vb + i_h * stride_vh
     o_ptr += i_b * stride_ob + i_h * stride_oh
     st_ptr += i_b * stride_sb + i_h * stride_sh
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     # γ in two parts: decoding many tokens multiplies by γ as often as a recurrence does
     g_hi, g_lo = step_decay(lam)
 
@@ -82,22 +81,22 @@ def _decode_step_kernel(
     tl.store(o_ptr + o_v * stride_od, b_o.to(o_ptr.dtype.element_ty), mask=m_v)
 
 
-def _decode_step_torch(b_t, c_t, v_t, state, log2_gamma, out) -> None:
+def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
     """The same step in PyTorch, for CPU tensors outside the interpreter (float64 inside, one rounding)."""
     new = c_t.double().unsqueeze(-1) * v_t.double().unsqueeze(-2)
-    if log2_gamma is not None:
-        new += torch.exp2(log2_gamma.double()).view(1, -1, 1, 1) * state
+    if gamma is not None:
+        new += gamma.double().view(1, -1, 1, 1) * state
     else:
         new += state
     state.copy_(new)
     out.copy_((b_t.double().unsqueeze(-2) @ new).squeeze(-2))
 
 
-def decode_args(b_t, c_t, v_t, state, log2_gamma, out) -> dict:
+def decode_args(b_t, c_t, v_t, state, gamma, out) -> dict:
     """The decode kernel's keyword arguments (everything but the config)."""
     B, H, r = b_t.shape
     return dict(
-        b_ptr=b_t, c_ptr=c_t, v_ptr=v_t, o_ptr=out, lam_ptr=out if log2_gamma is None else log2_gamma,
+        b_ptr=b_t, c_ptr=c_t, v_ptr=v_t, o_ptr=out, gamma_ptr=out if gamma is None else gamma,
         st_ptr=state,
         stride_bb=b_t.stride(0), stride_bh=b_t.stride(1), stride_bk=b_t.stride(2),
         stride_cb=c_t.stride(0), stride_ch=c_t.stride(1), stride_ck=c_t.stride(2),
@@ -105,23 +104,23 @@ def decode_args(b_t, c_t, v_t, state, log2_gamma, out) -> dict:
         stride_ob=out.stride(0), stride_oh=out.stride(1), stride_od=out.stride(2),
         stride_sb=state.stride(0), stride_sh=state.stride(1), stride_sk=state.stride(2), stride_sd=state.stride(3),
         H=H, R=r, D=v_t.shape[-1], BH_BUCKET=(B * H).bit_length(),
-        HAS_DECAY=log2_gamma is not None,
+        HAS_DECAY=gamma is not None,
     )
 
 
 def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, state: torch.Tensor,
-                     log2_gamma: Optional[torch.Tensor], out: torch.Tensor,
+                     gamma: Optional[torch.Tensor], out: torch.Tensor,
                      config: Optional[Mapping] = None) -> None:
     """Launch the decode step (inputs validated by :func:`leettriton.decode_step`).
 
     b_t, c_t: ``(B, H, r)``; v_t: ``(B, H, d)``; state: float32 ``(B, H, r, d)``,
-    updated in place; log2_gamma: float32 ``(H,)`` or None; out: ``(B, H, d)``.
+    updated in place; gamma: ``(H,)`` contiguous, any float dtype, or None; out: ``(B, H, d)``.
     ``config`` maps the kernel's space name to a config dict (None: autotune).
     """
     if state.device.type == "cpu" and not is_interpreting():
-        _decode_step_torch(b_t, c_t, v_t, state, log2_gamma, out)
+        _decode_step_torch(b_t, c_t, v_t, state, gamma, out)
         return
-    args = decode_args(b_t, c_t, v_t, state, log2_gamma, out)
+    args = decode_args(b_t, c_t, v_t, state, gamma, out)
     d, bh = v_t.shape[-1], v_t.shape[0] * v_t.shape[1]
     grid = lambda meta: (cdiv(d, meta["BV"]) * bh,)  # noqa: E731
     launch(_decode_step_kernel, grid, (config or {}).get(spaces.STEP.name), **args)

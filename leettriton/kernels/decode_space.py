@@ -11,8 +11,8 @@ programs; wide BV suits large batches.
 from __future__ import annotations
 
 
-from ..configs import KernelSpace
-from ._util import next_power_of_2, regs_per_thread
+from ..autotune.configs import KernelSpace
+from ..autotune.sizing import next_power_of_2, regs_per_thread
 
 _MIN_BV = 4  # one 16-byte vector of float32
 

@@ -48,34 +48,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..api import Problem
-from ..autotune import autotune, launch
-from ..autotune.spaces import causal_dot_product as spaces
-from ..autotune.spaces._util import cdiv
-from ._common import head_log2_gamma, problem_args, store_tile
+from ...problem import Problem
+from ..spec import Plan
+from ...autotune import autotune, launch
+from . import space as spaces
+from ...autotune.sizing import cdiv
+from ...kernels.abi import head_log2_gamma, problem_args, step_decay, store_tile
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "KW"]
 _MAX_OFFSET = 2**31 - 1
-
-
-@triton.jit
-def step_decay(lam):
-    """γ = exp2(λ) as g_hi + g_lo: g_hi in float32, g_lo what float32 rounded away.
-
-    A recurrence multiplies the state by γ once per step, so the relative error δ
-    of a float32 γ (rounding, and the GPU's approximate exp2) biases a term s
-    steps back by s·δ: ~1e-5 after a few hundred steps when γ is near 1 (measured
-    2.7e-6 at n = 400, γ = 0.9999, δ = 1.7e-8; 2.8e-7 with the split).
-    S·g_hi + S·g_lo removes the bias.  g_lo = (1 − g_hi) + expm1(λ ln 2): 1 − g_hi
-    is exact (Sterbenz) and expm1 comes from its series, exact to float32 for
-    |λ ln 2| < 1/8.  Below γ ≈ 0.917 old terms fade first (the bias peaks near
-    δ / (e (1 − γ)) < 5 δ) and g_lo is 0.
-    """
-    g_hi = tl.exp2(lam)
-    x = lam * 0.6931471805599453
-    expm1 = x * (1.0 + x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x * (1.0 / 120 + x * (1.0 / 720))))))
-    g_lo = tl.where(x > -0.125, (1.0 - g_hi) + expm1, 0.0)
-    return g_hi, g_lo
 
 
 @triton.jit
@@ -115,7 +96,7 @@ def _step(b_s, b_c, b_v, g_hi, g_lo, HAS_DECAY: tl.constexpr):
 @autotune(spaces.FWD, key=_KEY)
 @triton.jit(do_not_specialize=["N"])
 def _causal_dot_product_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -136,7 +117,7 @@ def _causal_dot_product_fwd_kernel(
     c_ptr += i_b * stride_cb + i_h * stride_ch
     v_ptr += i_b * stride_vb + i_h * stride_vh
     o_ptr += i_b * stride_ob + i_h * stride_oh
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     g_hi, g_lo = step_decay(lam)  # the decay of one step, exp2(λ · 1), in two parts
 
     # Rows of b and c are read as 32-bit words (RW per row, stride_bnw apart): pairs of
@@ -262,8 +243,8 @@ def _launch(p: Problem, config: Optional[Mapping]) -> None:
     launch(_causal_dot_product_fwd_kernel, grid, (config or {}).get(spaces.FWD.name), **args)
 
 
-def causal_dot_product_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    """Launch the recurrence kernel for ``p`` (``config``: per-kernel configs, or None to autotune).
+def causal_dot_product_fwd(p: Problem, plan: Plan) -> None:
+    """Launch the recurrence kernel for ``p`` with the plan's configs.
 
     Row offsets inside the kernel are 32-bit (64-bit ones cost registers and make
     ptxas spill).  A sequence whose offsets would pass 2^31 elements (e.g. half a
@@ -273,6 +254,7 @@ def causal_dot_product_fwd(p: Problem, config: Optional[Mapping] = None) -> None
     reads and writes only its own tile).
     """
     B, H, n, r, d = p.shape
+    config = plan.configs
     row_stride = max(abs(x.stride(2)) for x in (p.b, p.c, p.v, p.out))
     rows = max(1, _MAX_OFFSET // max(row_stride, 1) - 2 * spaces.MAX_BT)
     if n <= rows:

@@ -25,29 +25,25 @@ suffices (many batch·heads, or a short sequence) it is the lightning walk alone
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
-
-from ..api import Problem
-from ..autotune import current_family
-from ..autotune.spaces import block_based as spaces
-from ..autotune.spaces._util import cdiv
-from ._segments import segment_local_states, segment_start_states
-from .lightning_attention import chunk_walk_kernel, launch_chunk_walk
+from ...problem import Problem
+from ..spec import Plan
+from . import space as spaces
+from ...kernels.segments import segment_local_states, segment_start_states
+from ..lightning_attention.kernels import chunk_walk_kernel, launch_chunk_walk
 
 _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
 
 
-def block_based_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    """Launch the segment states and the segment-parallel chunk walk for ``p``
-    (``config``: per-kernel configs, or None to autotune)."""
-    B, H, n, r, d = p.shape
-    walk_config = (config or {}).get(spaces.FWD.name)
-    family = current_family(p.v.device)
-    seg_len = spaces.segment_length(B * H, n, d, family, walk_config)
+def block_based_fwd(p: Problem, plan: Plan) -> None:
+    """Launch the segment states and the segment-parallel chunk walk for ``p`` with the plan's
+    configs and schedule (``seg_len``, ``prefix``: :func:`space.schedule`)."""
+    n = p.shape[2]
+    config = plan.configs
+    seg_len = plan.schedule["seg_len"]
     if seg_len >= n:
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config)
         return
-    if spaces.walk_sums_prefix(cdiv(n, seg_len), family):
+    if plan.schedule["prefix"]:
         # few segments: the walk sums each start state from the local states itself (no scan launch)
         ws = segment_local_states(p, seg_len, config, last=False)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True)

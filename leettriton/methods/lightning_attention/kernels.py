@@ -47,11 +47,12 @@ from typing import Mapping, Optional
 import triton
 import triton.language as tl
 
-from ..api import Problem
-from ..autotune import KernelSpace, autotune, launch
-from ..autotune.spaces import lightning_attention as spaces
-from ..autotune.spaces._util import cdiv
-from ._common import (causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_at_least_16, problem_args,
+from ...problem import Problem
+from ..spec import Plan
+from ...autotune import KernelSpace, autotune, launch
+from . import space as spaces
+from ...autotune.sizing import cdiv
+from ...kernels.abi import (causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_at_least_16, problem_args,
                       round_to, store_tile)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX"]
@@ -117,7 +118,7 @@ def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
 def _chunk_walk_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -143,7 +144,7 @@ def _chunk_walk_fwd_kernel(
     i_bh = i_bhs // NS
     i_b = (i_bh // H).to(tl.int64)
     i_h = (i_bh % H).to(tl.int64)
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     t_start = i_s * SEG
     t_end = tl.minimum(t_start + SEG, N)
@@ -300,6 +301,6 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
            SEGMENTED=segmented, PREFIX=prefix, RP=pow2_at_least_16(r))
 
 
-def lightning_attention_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    """Launch the fused chunk walk for ``p`` (``config``: per-kernel configs, or None to autotune)."""
-    launch_chunk_walk(_lightning_attention_fwd_kernel, spaces.FWD, p, config)
+def lightning_attention_fwd(p: Problem, plan: Plan) -> None:
+    """Launch the fused chunk walk for ``p`` with the plan's configs."""
+    launch_chunk_walk(_lightning_attention_fwd_kernel, spaces.FWD, p, plan.configs)

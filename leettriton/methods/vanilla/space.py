@@ -1,8 +1,8 @@
 """Configs of the vanilla (tiled quadratic) kernel."""
 from __future__ import annotations
 
-from ..configs import KernelSpace
-from ._util import elem_bytes, pow2, regs_per_thread
+from ...autotune.configs import KernelSpace
+from ...autotune.sizing import elem_bytes, pow2, regs_per_thread
 
 
 def _fwd_smem(cfg, args) -> int:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..api import Problem
+from ..problem import Problem
 from ..autotune.families import is_interpreting
-from ..autotune.spaces._util import next_power_of_2
+from ..autotune.sizing import next_power_of_2
 
 # Triton's interpreter multiplies the raw bit patterns of bfloat16 dot operands;
 # upcasting them to float32 first gives the product the GPU's tensor cores give
@@ -33,12 +33,12 @@ def problem_args(p: Problem) -> dict:
 def _problem_args(p: Problem) -> dict:
     B, H, n, r, d = p.shape
     # Unused pointers get a harmless stand-in; the flags keep the kernel from reading them.
-    lam = p.log2_gamma if p.log2_gamma is not None else p.out
+    gamma = p.gamma if p.gamma is not None else p.out
     s0 = p.initial_state if p.initial_state is not None else p.out
     st = p.state if p.state is not None else p.out
     sb, sc, sv, so, ss0, sst = (x.stride() for x in (p.b, p.c, p.v, p.out, s0, st))
     return dict(
-        b_ptr=p.b, c_ptr=p.c, v_ptr=p.v, o_ptr=p.out, lam_ptr=lam, s0_ptr=s0, st_ptr=st,
+        b_ptr=p.b, c_ptr=p.c, v_ptr=p.v, o_ptr=p.out, gamma_ptr=gamma, s0_ptr=s0, st_ptr=st,
         stride_bb=sb[0], stride_bh=sb[1], stride_bn=sb[2], stride_bk=sb[3],
         stride_cb=sc[0], stride_ch=sc[1], stride_cn=sc[2], stride_ck=sc[3],
         stride_vb=sv[0], stride_vh=sv[1], stride_vn=sv[2], stride_vd=sv[3],
@@ -46,7 +46,7 @@ def _problem_args(p: Problem) -> dict:
         stride_s0b=ss0[0], stride_s0h=ss0[1], stride_s0k=ss0[-2], stride_s0d=ss0[-1],
         stride_stb=sst[0], stride_sth=sst[1], stride_stk=sst[-2], stride_std=sst[-1],
         H=H, N=n, R=r, D=d,
-        HAS_DECAY=p.log2_gamma is not None,
+        HAS_DECAY=p.gamma is not None,
         HAS_INITIAL=p.initial_state is not None,
         STORE_STATE=p.state is not None,
         DOT_PRECISION=dot_precision(p),
@@ -130,8 +130,59 @@ def causal_decay(lam, rows, cols, HAS_DECAY: tl.constexpr):
 
 
 @triton.jit
-def head_log2_gamma(lam_ptr, i_h, HAS_DECAY: tl.constexpr):
+def head_log2_gamma(gamma_ptr, i_h, HAS_DECAY: tl.constexpr):
+    """λ = log2 γ of head ``i_h`` as float32, from γ itself (any float dtype, one per head, contiguous).
+
+    The kernels read γ from the caller's tensor on every launch, so no cache can hand them
+    old values (docs/design.md §2); λ is computed in float64 (:func:`log2_float64`) and
+    rounded once, as exact as the host's ``log2`` in float64 would be.
+    """
     if HAS_DECAY:
-        return tl.load(lam_ptr + i_h).to(tl.float32)
+        return log2_float64(tl.load(gamma_ptr + i_h).to(tl.float64)).to(tl.float32)
     else:
         return 0.0
+
+
+@triton.jit
+def log2_float64(g):
+    """log2 g for a float64 γ in (0, 1], to float64 accuracy; NaN for any γ outside (0, 1].
+
+    g = m · 2^e with m in [√½, √2) (exponent and mantissa from the bit pattern),
+    log2 m = 2 atanh(s) / ln 2 with s = (m − 1)/(m + 1), |s| ≤ 0.172: the series in s²
+    below leaves a relative error under 1e-16.  m − 1 is exact, so λ keeps its full
+    relative precision for γ near 1, where every long decay comes from.  A γ outside
+    (0, 1] -- one written into the tensor in a way its version counter missed, after it
+    was checked -- gives NaN, so the output is NaN rather than silently wrong.
+    """
+    bits = g.to(tl.int64, bitcast=True)
+    e = ((bits >> 52) & 0x7FF) - 1023
+    m = ((bits & 0xFFFFFFFFFFFFF) | 0x3FF0000000000000).to(tl.float64, bitcast=True)
+    high = m > 1.4142135623730951
+    m = tl.where(high, m * 0.5, m)
+    e = tl.where(high, e + 1, e)
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    series = 1.0 + s2 * (1.0 / 3 + s2 * (1.0 / 5 + s2 * (1.0 / 7 + s2 * (1.0 / 9 + s2 * (
+        1.0 / 11 + s2 * (1.0 / 13 + s2 * (1.0 / 15 + s2 * (1.0 / 17 + s2 * (1.0 / 19)))))))))
+    lam = e.to(tl.float64) + (2.0 * 1.4426950408889634) * s * series
+    return tl.where((g > 0.0) & (g <= 1.0), lam, float("nan"))
+
+
+@triton.jit
+def step_decay(lam):
+    """γ = exp2(λ) as g_hi + g_lo: g_hi in float32, g_lo what float32 rounded away.
+
+    A recurrence multiplies the state by γ once per step, so the relative error δ
+    of a float32 γ (rounding, and the GPU's approximate exp2) biases a term s
+    steps back by s·δ: ~1e-5 after a few hundred steps when γ is near 1 (measured
+    2.7e-6 at n = 400, γ = 0.9999, δ = 1.7e-8; 2.8e-7 with the split).
+    S·g_hi + S·g_lo removes the bias.  g_lo = (1 − g_hi) + expm1(λ ln 2): 1 − g_hi
+    is exact (Sterbenz) and expm1 comes from its series, exact to float32 for
+    |λ ln 2| < 1/8.  Below γ ≈ 0.917 old terms fade first (the bias peaks near
+    δ / (e (1 − γ)) < 5 δ) and g_lo is 0.
+    """
+    g_hi = tl.exp2(lam)
+    x = lam * 0.6931471805599453
+    expm1 = x * (1.0 + x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x * (1.0 / 120 + x * (1.0 / 720))))))
+    g_lo = tl.where(x > -0.125, (1.0 - g_hi) + expm1, 0.0)
+    return g_hi, g_lo

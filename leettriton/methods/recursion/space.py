@@ -14,8 +14,11 @@ the shared segment-state kernel, space ``segments.state``):
 """
 from __future__ import annotations
 
-from ..configs import KernelSpace
-from ._util import elem_bytes, pow2, regs_per_thread
+from typing import Mapping, Optional
+
+from ...autotune.configs import KernelSpace
+from ...autotune.sizing import elem_bytes, pow2, regs_per_thread
+from ...problem import Problem
 
 LEAF = {"cpu": 32, "default": 256}
 """Rows of a leaf, by family: a power of two, at least every BT of the family's ``FWD`` list.
@@ -108,3 +111,8 @@ LEVEL = KernelSpace(
     cpu=dict(BLOCK=4096, num_warps=4, num_stages=1),
     smem=lambda cfg, args: 0,
 )
+
+
+def schedule(p: Problem, family, configs: Optional[Mapping]) -> dict:
+    """recursion's launch parameters: ``leaf``, rows per leaf."""
+    return dict(leaf=leaf_length(family, (configs or {}).get(FWD.name)))

@@ -1,8 +1,9 @@
 """Configs of the segment-state kernels (kernels/_segments.py)."""
 from __future__ import annotations
 
-from ..configs import KernelSpace
-from ._util import elem_bytes, pow2, regs_per_thread
+from ..autotune.configs import KernelSpace
+from ..autotune.families import Family
+from ..autotune.sizing import cdiv, elem_bytes, pow2, regs_per_thread
 
 
 def _state_smem(cfg, args) -> int:
@@ -48,3 +49,23 @@ SCAN = KernelSpace(
     smem=lambda cfg, args: 0,
     fits=_scan_fits,
 )
+
+
+def segment_length(n: int, programs_per_segment: int, family: Family, *, programs_per_sm: int,
+                   min_segment: int, align: int) -> int:
+    """Rows per segment for a method that cuts each sequence of ``n`` rows into segments (docs/design.md §3).
+
+    The rule shared by every such method: a launch runs ``programs_per_segment``
+    programs (batch·heads × value tiles) per segment, and the segment count is
+    the largest that keeps them within one wave of ``programs_per_sm`` programs
+    on each of the family's multiprocessors (rounding down: a partial second
+    wave leaves multiprocessors idle at the end), each segment at least
+    ``min_segment`` rows.  Segment lengths are multiples of ``align`` (the
+    method's largest chunk), so that only a segment's last chunk is cut short.
+    Returns ``n`` (one segment) when the programs already fill the GPU or the
+    sequence is too short to split.
+    """
+    segments = min(programs_per_sm * family.num_sms // max(1, programs_per_segment), n // min_segment)
+    if segments <= 1:
+        return n
+    return min(cdiv(cdiv(n, segments), align) * align, n)

@@ -9,17 +9,17 @@ Cost O(n² (r + d)): it wins only for very short sequences.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
 
 import triton
 import triton.language as tl
 
-from ..api import Problem
-from ..autotune import autotune, launch
-from ..autotune.spaces import vanilla as spaces
-from ..autotune.spaces._util import cdiv
-from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
-from ._segments import final_state
+from ...problem import Problem
+from ..spec import Plan
+from ...autotune import autotune, launch
+from . import space as spaces
+from ...autotune.sizing import cdiv
+from ...kernels.abi import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from ...kernels.segments import final_state
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"]
 
@@ -27,7 +27,7 @@ _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"]
 @autotune(spaces.FWD, key=_KEY)
 @triton.jit(do_not_specialize=["N"])
 def _vanilla_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -47,7 +47,7 @@ def _vanilla_fwd_kernel(
     c_ptr += i_b * stride_cb + i_h * stride_ch
     v_ptr += i_b * stride_vb + i_h * stride_vh
     o_ptr += i_b * stride_ob + i_h * stride_oh
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     o_i = i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -76,12 +76,11 @@ def _vanilla_fwd_kernel(
     store_tile(o_ptr, acc, o_i, o_v, stride_on, stride_od, N, D)
 
 
-def vanilla_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    """Launch the vanilla kernels for ``p`` (``config``: per-kernel configs, or None to autotune)."""
+def vanilla_fwd(p: Problem, plan: Plan) -> None:
+    """Launch the vanilla kernels for ``p`` with the plan's configs."""
     B, H, n, r, d = p.shape
     args = problem_args(p)
-    config = config or {}
     fwd_grid = lambda meta: (B * H * cdiv(n, meta["BT"]), cdiv(d, meta["BV"]))  # noqa: E731
-    launch(_vanilla_fwd_kernel, fwd_grid, config.get(spaces.FWD.name), **args)
+    launch(_vanilla_fwd_kernel, fwd_grid, plan.config(spaces.FWD), **args)
     if p.state is not None:
-        final_state(p, config)
+        final_state(p, plan.configs)

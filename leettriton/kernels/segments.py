@@ -25,11 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..api import Problem
+from ..problem import Problem
 from ..autotune import autotune, launch
-from ..autotune.spaces import segments as spaces
-from ..autotune.spaces._util import cdiv
-from ._common import decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from . import segments_space as spaces
+from ..autotune.sizing import cdiv
+from .abi import decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
 
@@ -37,7 +37,7 @@ _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
 @autotune(spaces.STATE, key=_KEY)
 @triton.jit(do_not_specialize=["N", "SEG", "NL"])
 def _segment_state_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -58,7 +58,7 @@ def _segment_state_kernel(
     i_h = (i_bh % H).to(tl.int64)
     c_ptr += i_b * stride_cb + i_h * stride_ch
     v_ptr += i_b * stride_vb + i_h * stride_vh
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     t_start = i_s * SEG
     t_end = tl.minimum(t_start + SEG, N)
@@ -90,7 +90,7 @@ def _segment_state_kernel(
 @autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE"], restore_value=["ws_ptr"])
 @triton.jit(do_not_specialize=["N", "SEG", "NS"])
 def _segment_scan_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -104,7 +104,7 @@ def _segment_scan_kernel(
     i_v = tl.program_id(2)
     i_b = (i_bh // H).to(tl.int64)
     i_h = (i_bh % H).to(tl.int64)
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k[:, None] < R) & (o_v[None, :] < D)

@@ -35,8 +35,8 @@ for any launch.
 """
 from __future__ import annotations
 
-from ..configs import KernelSpace
-from ._util import elem_bytes, pow2, regs_per_thread
+from ...autotune.configs import KernelSpace
+from ...autotune.sizing import elem_bytes, pow2, regs_per_thread
 
 HELD_PER_THREAD = 116
 """Upper bound on the float32 values a thread may hold with TF32 operands."""

@@ -62,20 +62,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ..api import Problem
-from ..autotune import autotune, launch
-from ..autotune import configs as tuning
-from ..autotune.spaces import recursion as spaces
-from ..autotune.spaces._util import cdiv
-from ._common import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
-from ._segments import final_state, segment_local_states
+from ...problem import Problem
+from ..spec import Plan
+from ...autotune import autotune, launch
+from . import space as spaces
+from ...autotune.sizing import cdiv
+from ...kernels.abi import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from ...kernels.segments import final_state, segment_local_states
 
 
 # the level kernel rewrites the tree in place: the autotuner must restore it between its trial runs
 @autotune(spaces.LEVEL, key=["R", "D", "HAS_DECAY"], restore_value=["tree_ptr"])
 @triton.jit(do_not_specialize=["N", "NS", "SPAN", "LEAF"])
 def _recursion_level_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -88,7 +88,7 @@ def _recursion_level_kernel(
     i_p = tl.program_id(0)
     i_e = tl.program_id(1)
     i_bh = tl.program_id(2)
-    lam = head_log2_gamma(lam_ptr, i_bh % H, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_bh % H, HAS_DECAY)
     o_e = i_e * BLOCK + tl.arange(0, BLOCK)
     m_e = o_e < R * D
     p_left = tree_ptr + (i_bh.to(tl.int64) * NS + (2 * i_p + 1) * SPAN - 1) * R * D + o_e
@@ -103,7 +103,7 @@ def _recursion_level_kernel(
 @autotune(spaces.FWD, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["N", "NS", "LEAF", "LEVELS"])
 def _recursion_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -117,7 +117,7 @@ def _recursion_fwd_kernel(
     i_bh = tl.program_id(2)
     i_b = (i_bh // H).to(tl.int64)  # 64-bit: batch·heads·n·d may exceed 2^31 elements
     i_h = (i_bh % H).to(tl.int64)
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     b_ptr += i_b * stride_bb + i_h * stride_bh
     c_ptr += i_b * stride_cb + i_h * stride_ch
@@ -216,17 +216,16 @@ def _block(p: Problem, b0: int, b1: int, h0: int, h1: int) -> Problem:
     def cut(x):
         return None if x is None else x[b0:b1, h0:h1]
 
-    lam = None if p.log2_gamma is None else p.log2_gamma[h0:h1]
-    return dataclasses.replace(p, b=cut(p.b), c=cut(p.c), v=cut(p.v), out=cut(p.out), log2_gamma=lam,
+    gamma = None if p.gamma is None else p.gamma[h0:h1]
+    return dataclasses.replace(p, b=cut(p.b), c=cut(p.c), v=cut(p.v), out=cut(p.out), gamma=gamma,
                                initial_state=cut(p.initial_state), state=cut(p.state))
 
 
-def recursion_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    """Launch the recursion kernels for ``p`` (``config``: per-kernel configs, or None to autotune)."""
+def recursion_fwd(p: Problem, plan: Plan) -> None:
+    """Launch the recursion kernels for ``p`` with the plan's configs and schedule (``leaf``)."""
     B, H, n, r, d = p.shape
-    config = config or {}
-    # the family whose configs the autotuner runs: every one of their tiles must fit in a leaf
-    leaf = spaces.leaf_length(tuning.current_family(p.v.device), config.get(spaces.FWD.name))
+    config = plan.configs or {}
+    leaf = plan.schedule["leaf"]
     ns = cdiv(n, leaf)
     levels = (ns - 1).bit_length()     # the bits of every leaf index: levels l with 2^l < ns
     for b0, b1, h0, h1 in _slices(p, ns):

@@ -52,9 +52,11 @@ from __future__ import annotations
 import functools
 from typing import Mapping, Optional
 
-from ..configs import KernelSpace
-from ..families import Family
-from ._util import cdiv, elem_bytes, pow2, regs_per_thread
+from ...autotune.configs import KernelSpace
+from ...autotune.families import Family
+from ...autotune.sizing import cdiv, elem_bytes, pow2, regs_per_thread
+from ...kernels.segments_space import segment_length as shared_segment_length
+from ...problem import Problem
 
 HELD_PER_THREAD = 192
 """Float32 values a thread may hold (as ``_fwd_fits`` counts them) before ptxas spills."""
@@ -135,9 +137,9 @@ def segment_length(batch_heads: int, n: int, d: int, family: Family,
     """Rows per segment for ``batch_heads`` sequences of ``n`` rows and value width ``d``.
 
     The kernel runs batch·heads × cdiv(d, BV) × segments programs (BV: the pinned
-    config's, else the family's first).  The segment count is the largest that
-    keeps them within ``PROGRAMS_PER_SM × family.num_sms`` (rounding down), each
-    segment at least ``MIN_SEGMENT`` rows.  On the H100 (132 SMs, target 528) at
+    config's, else the family's first).  The segment count follows the shared rule
+    (kernels/segments_space.py): ``PROGRAMS_PER_SM`` per multiprocessor, segments of at least
+    ``MIN_SEGMENT`` rows.  On the H100 (132 SMs, target 528) at
     r = d = 128 with one BV = 128 tile: batch·heads 32 gives 16 segments, which
     beat 4 and 1 at n = 2048, 8192 and 100 000; batch·heads 512 gives one, as
     measured best at 16 × 8192.  (BV = 64 was measured at 1, 4 and 16 segments
@@ -147,11 +149,13 @@ def segment_length(batch_heads: int, n: int, d: int, family: Family,
     fill the GPU or the sequence is too short to split.
     """
     bv = config["BV"] if config else _first_bv(family.name)
-    programs = batch_heads * cdiv(d, min(bv, pow2(d)))
-    target = PROGRAMS_PER_SM * family.num_sms
-    shortest = MIN_SEGMENT.get(family.name, MIN_SEGMENT["default"])
-    segments = min(target // programs, n // shortest)
-    if segments <= 1:
-        return n
-    seg = cdiv(cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN
-    return min(seg, n)
+    return shared_segment_length(n, batch_heads * cdiv(d, min(bv, pow2(d))), family,
+                                 programs_per_sm=PROGRAMS_PER_SM,
+                                 min_segment=MIN_SEGMENT.get(family.name, MIN_SEGMENT["default"]),
+                                 align=SEGMENT_ALIGN)
+
+
+def schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> dict:
+    """fleet_attention's launch parameters: ``seg_len``, rows per segment."""
+    B, H, n, r, d = p.shape
+    return dict(seg_len=segment_length(B * H, n, d, family, (configs or {}).get(FWD.name)))

@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 
-from ..families import Family
-from ._util import cdiv, pow2
-from .lightning_attention import walk_space
+from ...autotune.families import Family
+from ...autotune.sizing import cdiv, pow2
+from ...kernels.segments_space import segment_length as shared_segment_length
+from ...problem import Problem
+from ..lightning_attention.space import walk_space
 
 FWD = walk_space("block_based.fwd")
 
@@ -48,25 +50,15 @@ with decay, against 2.48 ms with the segment count of its own width
 
 def segment_length(batch_heads: int, n: int, d: int, family: Family,
                    config: Optional[Mapping[str, int]] = None) -> int:
-    """Rows per segment for a launch of ``batch_heads`` sequences of ``n`` rows, value width ``d``.
-
-    The walk runs batch·heads × value tiles × segments programs; the number of
-    segments is the largest that keeps them within one wave of
-    ``PROGRAMS_PER_SM × family.num_sms`` programs (rounding down: a partial
-    second wave costs more than it gains), each at least ``MIN_SEGMENT`` rows.
-    Returns ``n`` (one segment: no segment states at all) when batch·heads and
-    the value tiles already fill the GPU or the sequence is too short to split.
-    """
+    """Rows per segment for a launch of ``batch_heads`` sequences of ``n`` rows, value width ``d``:
+    the shared rule (kernels/segments_space.py) with one program per (segment, value tile,
+    batch·head), ``PROGRAMS_PER_SM`` per multiprocessor, segments of at least ``MIN_SEGMENT`` rows.
+    Under the interpreter, ``INTERPRETER_SEGMENT`` rows."""
     if family.name == "cpu":
         return min(n, INTERPRETER_SEGMENT)
     bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
-    programs = batch_heads * cdiv(d, bv)
-    wave = PROGRAMS_PER_SM * family.num_sms
-    segments = min(wave // programs, n // MIN_SEGMENT)
-    if segments <= 1:
-        return n
-    seg = cdiv(cdiv(n, segments), SEGMENT_ALIGN) * SEGMENT_ALIGN
-    return min(seg, n)
+    return shared_segment_length(n, batch_heads * cdiv(d, bv), family, programs_per_sm=PROGRAMS_PER_SM,
+                                 min_segment=MIN_SEGMENT, align=SEGMENT_ALIGN)
 
 
 PREFIX_SEGMENTS = 8
@@ -82,3 +74,11 @@ rows run both paths."""
 def walk_sums_prefix(segments: int, family: Family) -> bool:
     """Whether a walk over ``segments`` segments sums its start states itself (no scan kernel)."""
     return segments <= (INTERPRETER_PREFIX_SEGMENTS if family.name == "cpu" else PREFIX_SEGMENTS)
+
+
+def schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> dict:
+    """block_based's launch parameters: ``seg_len`` (rows per segment; n: one segment, the plain
+    walk) and ``prefix`` (whether the walk sums its start states itself, with no scan kernel)."""
+    B, H, n, r, d = p.shape
+    seg_len = segment_length(B * H, n, d, family, (configs or {}).get(FWD.name))
+    return dict(seg_len=seg_len, prefix=seg_len < n and walk_sums_prefix(cdiv(n, seg_len), family))

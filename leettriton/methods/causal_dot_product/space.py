@@ -29,8 +29,8 @@ used up.  :func:`layout` predicts that split
 from __future__ import annotations
 
 
-from ..configs import KernelSpace
-from ._util import elem_bytes, next_power_of_2
+from ...autotune.configs import KernelSpace
+from ...autotune.sizing import elem_bytes, next_power_of_2
 
 _MIN_BV = 2
 MAX_BT = 8

@@ -79,12 +79,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..api import Problem
-from ..autotune import autotune, current_family, launch
-from ..autotune.spaces import fleet_attention as spaces
-from ..autotune.spaces._util import cdiv
-from ._common import causal_decay, decay, head_log2_gamma, mma, problem_args
-from ._segments import segment_start_states
+from ...problem import Problem
+from ..spec import Plan
+from ...autotune import autotune, launch
+from . import space as spaces
+from ...autotune.sizing import cdiv
+from ...kernels.abi import causal_decay, decay, head_log2_gamma, mma, problem_args
+from ...kernels.segments import segment_start_states
 
 _KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION"]
 
@@ -102,7 +103,7 @@ def _operand(x, IN_DTYPE: tl.constexpr):
 @autotune(spaces.FWD, key=_KEY, restore_value=["ws_ptr"])
 @triton.jit(do_not_specialize=["N", "SEG", "NS"])
 def _fleet_attention_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, lam_ptr, s0_ptr, st_ptr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
     stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
     stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
@@ -117,7 +118,7 @@ def _fleet_attention_fwd_kernel(
     i_bh = tl.program_id(2)
     i_b = (i_bh // H).to(tl.int64)  # 64-bit: batch·heads·n·d may exceed 2^31 elements
     i_h = (i_bh % H).to(tl.int64)
-    lam = head_log2_gamma(lam_ptr, i_h, HAS_DECAY)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     # addresses from the segment's first row on (64-bit base, 32-bit offsets inside the segment)
     t_start = i_s * SEG
@@ -176,12 +177,12 @@ def _fleet_attention_fwd_kernel(
             tl.debug_barrier()
 
 
-def fleet_attention_fwd(p: Problem, config: Optional[Mapping] = None) -> None:
-    """Launch the fleet_attention kernels for ``p`` (``config``: per-kernel configs, or None to autotune)."""
+def fleet_attention_fwd(p: Problem, plan: Plan) -> None:
+    """Launch the fleet_attention kernels for ``p`` with the plan's configs and schedule (``seg_len``)."""
     B, H, n, r, d = p.shape
-    config = config or {}
-    fwd_config = config.get(spaces.FWD.name)
-    seg_len = spaces.segment_length(B * H, n, d, current_family(p.v.device), fwd_config)
+    config = plan.configs
+    fwd_config = plan.config(spaces.FWD)
+    seg_len = plan.schedule["seg_len"]
     ns = cdiv(n, seg_len)
     if ns > 1 or p.state is not None:
         # start state of every segment (the carries to begin from), and the final state

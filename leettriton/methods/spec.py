@@ -1,0 +1,64 @@
+"""What a built-in method is to the rest of the package: :class:`Method`, and the :class:`Plan` it runs.
+
+Each method's home, ``leettriton/methods/<name>/``, holds its Triton kernels
+and launcher (``kernels.py``), its config table and schedule (``space.py``),
+and one :class:`Method` (``__init__.py``) that names them (docs/design.md §3, §4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from ..autotune.configs import KernelSpace
+from ..autotune.families import Family
+from ..problem import Problem
+
+__all__ = ["Method", "Plan", "no_schedule"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call runs, resolved once per shape key (docs/design.md §4).
+
+    Attributes:
+        method: the registered name that runs.
+        configs: kernel space name → pinned config (a heuristic file's choice), or
+            None: the kernels autotune themselves.
+        schedule: the method's own launch parameters for this shape (e.g. the
+            segment length), from its ``schedule`` rule.
+    """
+
+    method: str
+    run: Callable[[Problem, "Plan"], None]
+    configs: Optional[Mapping[str, Mapping[str, int]]] = None
+    schedule: Mapping[str, Any] = field(default_factory=dict)
+
+    def config(self, space: KernelSpace) -> Optional[Mapping[str, int]]:
+        """The pinned config of the kernel of ``space``, or None to autotune it."""
+        return None if self.configs is None else self.configs.get(space.name)
+
+
+def no_schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> Mapping[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Method:
+    """A built-in method.
+
+    Attributes:
+        name: its registered name.
+        launch: ``launch(problem, plan)`` fills ``problem.out`` (and ``problem.state``): it only
+            launches, with the plan's configs and schedule.
+        spaces: the config space of every kernel it may launch (the tuner and the
+            heuristic files name kernels by these spaces' names).
+        torch_twin: the PyTorch version, ``twin(problem)``, run for CPU tensors outside the interpreter.
+        schedule: ``schedule(problem, family, configs) -> dict``: the method's launch parameters for
+            this shape (segment or leaf length), part of the plan.
+    """
+
+    name: str
+    launch: Callable[[Problem, Plan], None]
+    spaces: tuple[KernelSpace, ...]
+    torch_twin: Callable[[Problem], None]
+    schedule: Callable[[Problem, Family, Optional[Mapping]], Mapping[str, Any]] = no_schedule

@@ -1,0 +1,295 @@
+"""The bottom layer: validation, layouts and gamma handling, and the :class:`Problem` every method receives.
+
+Nothing here imports another module of the package.  Every public entry point
+validates its call here once, before any work: a bad argument raises
+``TypeError``/``ValueError`` naming the argument, what was expected and what was
+given (docs/design.md §1, §2).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import weakref
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "Problem", "make_problem", "check_tensor", "check_dims", "check_device", "resolve_gamma", "type_name",
+    "to_bhnd", "new_empty", "MAX_DIM", "DTYPES", "LAYOUTS", "PRECISIONS",
+]
+
+MAX_DIM = 256
+"""Largest r and d the kernels support (non powers of two are masked)."""
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LAYOUTS = ("bhnd", "bnhd")
+PRECISIONS = ("ieee", "tf32")
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+@dataclass
+class Problem:
+    """One validated call, as every method implementation receives it.
+
+    Tensors are views in ``(batch, heads, n, dim)`` order with the caller's
+    strides (the ``bnhd`` layout is a transposed view, not a copy).
+
+    Attributes:
+        b, c: ``(B, H, n, r)`` views.
+        v: ``(B, H, n, d)`` view.
+        gamma: ``(H,)`` contiguous γ per head on the inputs' device, in the caller's
+            float dtype, a view of the caller's tensor where it can be (the kernels read γ itself and compute
+            λ = log2 γ in float64: docs/design.md §2), or ``None`` when there is
+            no decay (γ = 1 for every head).
+        initial_state: ``(B, H, r, d)`` float32 or ``None`` (zero state).
+        out: ``(B, H, n, d)`` view of the output the method must fill (dtype of v).
+        state: ``(B, H, r, d)`` float32 the method must fill with the final state,
+            or ``None`` when the caller did not ask for it.
+        precision: ``"ieee"`` or ``"tf32"``: how float32 products are done
+            (16-bit inputs always use tensor cores with float32 accumulation).
+    """
+
+    b: torch.Tensor
+    c: torch.Tensor
+    v: torch.Tensor
+    gamma: Optional[torch.Tensor]
+    initial_state: Optional[torch.Tensor]
+    out: torch.Tensor
+    state: Optional[torch.Tensor]
+    precision: str
+    _log2_gamma: Optional[torch.Tensor] = field(default=None, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """``(batch, heads, n, r, d)``."""
+        B, H, n, r = self.b.shape
+        return B, H, n, r, self.v.shape[-1]
+
+    @property
+    def has_decay(self) -> bool:
+        return self.gamma is not None
+
+    @property
+    def log2_gamma(self) -> Optional[torch.Tensor]:
+        """λ = log2 γ, float32 ``(H,)`` (computed in float64 from :attr:`gamma`), or None: for the
+        PyTorch paths, which compute on the host's side of the call; kernels read :attr:`gamma`."""
+        if self.gamma is None:
+            return None
+        if self._log2_gamma is None:
+            self._log2_gamma = torch.log2(self.gamma.to(torch.float64)).float()
+        return self._log2_gamma
+
+
+# --------------------------------------------------------------------------- errors
+
+def type_name(x) -> str:
+    """How an argument is described in error messages."""
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return f"{type(x).__name__} {x!r}" if isinstance(x, (numbers.Number, str)) else type(x).__name__
+
+
+def check_tensor(name: str, x, device_types=DEVICE_TYPES) -> torch.Tensor:
+    """``x`` must be a float16/bfloat16/float32 tensor on a CPU or CUDA device."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type_name(x)}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got dtype {x.dtype}")
+    check_device(name, x, device_types)
+    return x
+
+
+def check_device(name: str, x: torch.Tensor, device_types=DEVICE_TYPES) -> None:
+    if x.device.type not in device_types:
+        raise ValueError(f"{name} must be on a CPU or CUDA device, got a tensor on {x.device} "
+                         f"(leettriton runs Triton kernels on CUDA and PyTorch code on the CPU)")
+
+
+def check_dims(r: int, d: int, where: str) -> None:
+    for label, size in (("r (last dim of b and c)", r), ("d (last dim of v)", d)):
+        if size > MAX_DIM:
+            raise NotImplementedError(
+                f"{where}: {label} = {size} exceeds the supported maximum of {MAX_DIM}")
+        if size < 1:
+            raise ValueError(f"{where}: {label} must be at least 1, got {size}")
+
+
+def check_bool(name: str, x) -> None:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name} must be a bool, got {type_name(x)}")
+
+
+def check_state(name: str, state, shape: tuple, device: torch.device) -> None:
+    """A float32 state of ``shape`` on ``device``."""
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type_name(state)}")
+    if state.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got dtype {state.dtype}")
+    if tuple(state.shape) != shape:
+        raise ValueError(f"{name} must have shape (batch, heads, r, d) = {shape}, got {tuple(state.shape)}")
+    if state.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {state.device}")
+
+
+def check_autograd(*tensors) -> None:
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            "leettriton computes the forward pass only: an input requires grad, but no backward is "
+            "implemented. Run under torch.no_grad() / torch.inference_mode(), or detach the inputs.")
+
+
+# --------------------------------------------------------------------------- gamma
+
+class _CheckedGammas:
+    """Which gamma tensors have had their values checked, so a CUDA gamma costs one sync per version.
+
+    Only the *check* is remembered: the kernels always read γ from the tensor
+    itself, so a write that bypasses the version counter (``.data``, a NumPy
+    view, an inference tensor, which has none) can never leave a call running
+    with old values; a value outside (0, 1] written that way makes the kernels'
+    λ NaN, so the output is NaN rather than silently wrong (docs/design.md §2).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple] = {}
+
+    @staticmethod
+    def _version(g: torch.Tensor):
+        try:
+            return g._version
+        except RuntimeError:  # inference tensors track no version
+            return None
+
+    def check(self, g: torch.Tensor) -> None:
+        key = id(g)
+        version = self._version(g)
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is g and hit[1] == version and hit[2] == g.data_ptr():
+            return
+        flat = g.detach().reshape(-1)
+        # one device->host transfer for every check
+        bad_low, bad_high, bad_nan = torch.stack([(flat <= 0).any(), (flat > 1).any(), torch.isnan(flat).any()]).tolist()
+        if bad_nan or bad_low or bad_high:
+            what = "NaN" if bad_nan else ("≤ 0" if bad_low else "> 1")
+            raise ValueError(f"gamma must hold values in (0, 1], got a value {what} in {type_name(g)}")
+        if g.device.type == "cpu":
+            return  # cheap to check again on every call
+        self._seen[key] = (weakref.ref(g, lambda _r, k=key: self._seen.pop(k, None)), version, g.data_ptr())
+
+
+_CHECKED = _CheckedGammas()
+_FLOAT_GAMMAS: dict[tuple, torch.Tensor] = {}
+
+
+def _float_gamma(g: float, heads: int, device: torch.device) -> torch.Tensor:
+    """A float64 ``(heads,)`` tensor of ``g`` on ``device``, cached by value (it can never go stale)."""
+    key = (g, heads, device)
+    hit = _FLOAT_GAMMAS.get(key)
+    if hit is None:
+        if len(_FLOAT_GAMMAS) > 256:
+            _FLOAT_GAMMAS.clear()
+        hit = _FLOAT_GAMMAS[key] = torch.full((heads,), g, dtype=torch.float64, device=device)
+    return hit
+
+
+def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint: str = "") -> Optional[torch.Tensor]:
+    """Validate ``gamma`` and return the ``(heads,)`` tensor the kernels read, or None for no decay.
+
+    ``layout_hint`` is added to a shape error when the inputs' shapes would fit the other layout.
+    """
+    if gamma is None:
+        return None
+    if isinstance(gamma, bool) or not isinstance(gamma, (numbers.Real, torch.Tensor)):
+        raise TypeError(f"gamma must be None, a float or a tensor of shape ({heads},) or ({heads}, 1), "
+                        f"got {type_name(gamma)}")
+    if isinstance(gamma, torch.Tensor):
+        if not gamma.is_floating_point():
+            raise TypeError(f"gamma must be a floating-point tensor, got dtype {gamma.dtype}")
+        if tuple(gamma.shape) not in ((heads,), (heads, 1)):
+            raise ValueError(f"gamma must have shape ({heads},) or ({heads}, 1) (one γ per head), "
+                             f"got shape {tuple(gamma.shape)}{layout_hint}")
+        if gamma.device != device:
+            raise ValueError(f"gamma must be on the inputs' device {device}, got {gamma.device}")
+        _CHECKED.check(gamma)
+        return gamma.detach().reshape(heads).contiguous()  # a copy only for a strided gamma: made per call
+    g = float(gamma)
+    if math.isnan(g) or not (0.0 < g <= 1.0):
+        raise ValueError(f"gamma must lie in (0, 1], got {g!r}")
+    return None if g == 1.0 else _float_gamma(g, heads, device)
+
+
+# --------------------------------------------------------------------------- problems
+
+def new_empty(shape, dtype, device) -> torch.Tensor:
+    """Allocates every output of the package (the tests replace it to poison outputs)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def to_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The ``(batch, heads, n, dim)`` view of a tensor in ``layout`` (a transpose, never a copy)."""
+    return x if layout == "bhnd" else x.transpose(1, 2)
+
+
+def _other_layout_hint(layout: str, b: torch.Tensor, gamma) -> str:
+    """Why a gamma's shape may not match: the inputs were given in the other layout."""
+    other = "bnhd" if layout == "bhnd" else "bhnd"
+    heads_other = b.shape[2] if b.dim() == 4 else None
+    if isinstance(gamma, torch.Tensor) and heads_other is not None and gamma.shape[:1] == (heads_other,):
+        return (f"; it would fit heads = {heads_other}, which is dim 2 of b {tuple(b.shape)}: are the inputs "
+                f"in layout '{other}'? Pass layout='{other}'")
+    return ""
+
+
+def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
+                 precision: Optional[str] = None, where: str = "linear_attention",
+                 device_types: tuple[str, ...] = DEVICE_TYPES) -> tuple[Problem, torch.Tensor]:
+    """Validate a call and build its :class:`Problem`.
+
+    ``device_types`` other than CPU and CUDA serve the package's own tools alone (the
+    ``meta`` device, to record the launches of a shape without running them).
+
+    Returns the problem and the output tensor in the caller's layout (the
+    problem's ``out`` is a view of it).  Raises ``TypeError``/``ValueError`` for
+    bad input, naming the argument, what was expected and what was given.
+    """
+    b = check_tensor("b", b, device_types)
+    c = check_tensor("c", c, device_types)
+    v = check_tensor("v", v, device_types)
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'bhnd' or 'bnhd', got {layout!r}")
+    dims = "(batch, heads, n, dim)" if layout == "bhnd" else "(batch, n, heads, dim)"
+    for name, x in (("b", b), ("c", c), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {dims} for layout '{layout}', got shape {tuple(x.shape)}")
+    if not (b.dtype == c.dtype == v.dtype):
+        raise TypeError(f"b, c and v must share one dtype, got {b.dtype}, {c.dtype}, {v.dtype}")
+    if not (b.device == c.device == v.device):
+        raise ValueError(f"b, c and v must be on one device, got {b.device}, {c.device}, {v.device}")
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be None, 'ieee' or 'tf32', got {precision!r}")
+    check_bool("return_state", return_state)
+    check_autograd(b, c, v, initial_state, gamma)
+
+    bb, cc, vv = to_bhnd(b, layout), to_bhnd(c, layout), to_bhnd(v, layout)
+    B, H, n, r = bb.shape
+    if tuple(cc.shape) != (B, H, n, r):
+        raise ValueError(f"c must have the shape of b {tuple(b.shape)}, got {tuple(c.shape)}")
+    if tuple(vv.shape[:3]) != (B, H, n):
+        raise ValueError(f"v must match b in batch, heads and n {dims}: b has shape {tuple(b.shape)}, "
+                         f"v has shape {tuple(v.shape)}")
+    d = vv.shape[-1]
+    check_dims(r, d, where)
+    device = v.device
+
+    if initial_state is not None:
+        check_state("initial_state", initial_state, (B, H, r, d), device)
+
+    gamma_h = resolve_gamma(gamma, H, device, _other_layout_hint(layout, b, gamma))
+
+    out_shape = (B, H, n, d) if layout == "bhnd" else (B, n, H, d)
+    out_user = new_empty(out_shape, v.dtype, device)
+    state = new_empty((B, H, r, d), torch.float32, device) if return_state else None
+    problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee")
+    return problem, out_user

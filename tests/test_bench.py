@@ -186,7 +186,7 @@ def test_a_fault_reported_late_stops_the_run(tmp_path, register, monkeypatch):
     def fault_on_free():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(bench, "free_memory", fault_on_free)
+    monkeypatch.setattr(bench.grid, "free_memory", fault_on_free)
     with pytest.raises(bench.DeviceFailure, match="illegal memory access"):
         bench.measure(lambda: _out_of_memory(None, None, None, None), device="cpu")
 

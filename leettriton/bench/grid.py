@@ -59,10 +59,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from . import api
-from .api import BUILTIN_METHODS, linear_attention
-from .autotune.families import is_interpreting
-from .reference import reference
+from .. import api
+from ..api import BUILTIN_METHODS, linear_attention
+from ..autotune.families import is_interpreting
+from ..reference import reference
 
 __all__ = [
     "benchmark_method", "main", "time_ms", "copy_bandwidth", "memory_floor_ms", "environment", "make_inputs",
@@ -333,7 +333,7 @@ def memory_floor_ms(batch: int, heads: int, n: int, r: int, d: int, dtype, bandw
 # --------------------------------------------------------------------------- environment
 
 def _git(*args) -> Optional[str]:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         res = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -360,7 +360,7 @@ def environment(device=None) -> dict:
     """
     import triton
 
-    from . import __version__
+    from .. import __version__
 
     device = _device(device)
     env: dict[str, Any] = {}
@@ -373,7 +373,7 @@ def environment(device=None) -> dict:
                    cpu=platform.processor() or platform.machine(), cpu_threads=torch.get_num_threads())
     env["device_slug"] = gpu_slug(env["device"])
     try:
-        from .autotune.families import current_family
+        from ..autotune.families import current_family
 
         env["family"] = current_family(device).name
     except Exception:  # noqa: BLE001  (the family is informative only)
@@ -715,7 +715,7 @@ def default_methods(device) -> list[str]:
 
 def _auto_choice(b, c, v, gamma) -> str:
     try:
-        from .dispatch import choose
+        from ..dispatch import choose
 
         lam = None if gamma is None else torch.log2(gamma.float())
         p = api.Problem(b, c, v, lam, None, v, None, "ieee")   # out is never written by choose()

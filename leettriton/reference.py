@@ -86,3 +86,35 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
         state = torch.zeros((B, H, r, d), dtype=torch.float64, device=dev)
     out = _bhnd(out, layout)
     return (out, state) if return_state else out
+
+
+# --------------------------------------------------------------------------- tolerances
+
+TOLERANCES = {"float32": 1e-5, "tf32": 2e-3, "float16": 2e-3, "bfloat16": 1e-2}
+"""Bound on the relative error ‖out − ref‖ / ‖ref‖ against :func:`reference`, by input dtype.
+
+``"float32"`` is float32 inputs with ``precision="ieee"`` (true float32 products), ``"tf32"``
+float32 inputs with ``precision="tf32"`` (10-bit mantissa products; the peers compute so by
+design).  The one table the tests, ``leettriton.bench`` and :func:`benchmark_method` judge by.
+"""
+
+
+def tolerance(dtype: torch.dtype, precision: Optional[str] = None) -> float:
+    """The relative-error bound of :data:`TOLERANCES` for inputs of ``dtype`` computed at ``precision``.
+
+    ``precision`` (``None``, ``"ieee"`` or ``"tf32"``) matters for float32 only: 16-bit inputs
+    have their own bound whatever it is.
+
+    Example::
+
+        >>> tolerance(torch.float16), tolerance(torch.float32), tolerance(torch.float32, "tf32")
+        (0.002, 1e-05, 0.002)
+    """
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"tolerance: dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
+    if dtype == torch.float32 and precision == "tf32":
+        return TOLERANCES["tf32"]
+    return TOLERANCES[str(dtype).replace("torch.", "")]
+
+
+__all__ += ["TOLERANCES", "tolerance"]

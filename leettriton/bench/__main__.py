@@ -1,4 +1,4 @@
 """``python -m leettriton.bench [options]``: see :mod:`leettriton.bench.cli`."""
-from .grid import main
+from .cli import main
 
 main()

@@ -17,7 +17,7 @@ import torch
 
 import leettriton
 from leettriton import bench
-from leettriton.bench import cell, cli, grid, report
+from leettriton.bench import cell, cli, grid, report, timing
 
 PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "perf")
 TINY = ["--device", "cpu", "--heads", "2", "--r", "8", "--d", "8"]
@@ -349,6 +349,52 @@ def test_time_ms_quantiles_and_budget():
     calls = []
     med, p20, p80 = bench.time_ms(lambda: (calls.append(1), time.sleep(0.02)), max_call_ms=5, device="cpu")
     assert len(calls) == 2 and med == p20 == p80 >= 20                          # warm call + one timed call
+
+
+def test_cpu_time_ms_warms_up_and_times_on_one_thread():
+    threads_seen, calls = [], []
+
+    def fn():
+        calls.append(time.perf_counter())
+        threads_seen.append(torch.get_num_threads())
+        time.sleep(0.001)
+
+    torch.set_num_threads(2)
+    med, p20, p80 = timing.cpu_time_ms(fn, warmup_ms=10, rep_ms=5)
+    assert torch.get_num_threads() == 2                                        # restored
+    assert threads_seen[0] == 2 and set(threads_seen[1:]) == {1}              # the warm call as is, then one thread
+    assert len(calls) >= 1 + 1 + timing.CPU_MIN_SAMPLES + 3                    # warm, probe, warm-up calls, samples
+    assert 1.0 <= p20 <= med <= p80
+    calls.clear()
+    timing.cpu_time_ms(lambda: (calls.append(1), time.sleep(0.01)), rep_ms=15, warmup_ms=100)
+    assert len(calls) == 1 + 3                                                 # slower than rep_ms / 3: three timed
+
+
+def _timed(method, n, median, p20, p80, status="ok"):
+    return dict.fromkeys(bench.ROW_FIELDS) | dict(method=method, kind="torch", dtype="float32", batch=1, heads=2, n=n,
+                                                  r=8, d=8, decay=True, median_ms=median, p20_ms=p20, p80_ms=p80,
+                                                  floor_ms=0.001, ratio=median / 0.001, status=status, note="")
+
+
+def test_fastest_is_marked_only_beyond_the_timing_spread():
+    clear = [_timed("slow", 16, 2.0, 1.9, 2.2), _timed("quick", 16, 1.0, 0.95, 1.1)]
+    noisy = [_timed("slow", 32, 1.3, 0.4, 24.0), _timed("quick", 32, 1.0, 0.9, 1.5)]     # spreads overlap
+    wrong = [_timed("wrong", 48, 0.1, 0.1, 0.1, status="WRONG"), _timed("slow", 48, 2.0, 1.9, 2.2),
+             _timed("quick", 48, 1.0, 0.95, 1.1)]
+    assert report.fastest(clear) == "quick"
+    assert report.fastest(noisy) is None
+    assert report.fastest(wrong) == "quick"                                    # a wrong output is never fastest
+    assert report.fastest(clear[:1]) == "slow"                                 # alone in its column
+    assert report.fastest([_timed("x", 16, 1.0, None, None), _timed("y", 16, 1.5, None, None)]) == "x"
+
+    text = report.format_tables(clear + noisy + wrong)
+    quick = next(line for line in text.splitlines() if line.startswith("| quick"))
+    cells = [c.strip() for c in quick.strip("|").split("|")][1:]
+    assert cells[0].startswith("**") and not cells[1].startswith("**") and cells[2].startswith("**")
+    assert text.count("**") == 4                                               # two bold cells, nothing else
+    assert "No method in bold at n = 32: " in text
+    assert report.CPU_TIMING_NOTE not in text
+    assert report.format_tables(clear, meta={"device": "cpu"}).startswith(report.CPU_TIMING_NOTE)
 
 
 def test_one_tolerance_table_for_tests_and_bench():

@@ -3,7 +3,8 @@
 One module per job, each importing only those below it:
 
 * :mod:`.inputs`       dtypes, devices, :func:`decay_gammas`, :func:`make_inputs` (pure);
-* :mod:`.timing`       :func:`time_ms`, the copy bandwidth and the memory floor;
+* :mod:`.timing`       :func:`time_ms` (do_bench on CUDA, warmed-up wall-clock medians on a CPU),
+  the copy bandwidth and the memory floor;
 * :mod:`.failures`     out of memory, kernel faults (:class:`DeviceFailure`), error texts;
 * :mod:`.environment`  the device, versions, git SHA and date of a measurement;
 * :mod:`.peers`        fla and lightning-attn, imported only when present;

@@ -5,7 +5,9 @@ n ∈ {128, 512, 2048, 8192, 12800, 25600, 100000}, with and without decay, here
 float16 by default (``--dtype``).  Each cell reports
 
 * the median time of one call (``triton.testing.do_bench``, p20/p80 beside it),
-  after a warm call that absorbs compilation and autotuning;
+  after a warm call that absorbs compilation and autotuning; on a CPU, wall-clock
+  medians of repeated calls after warm-up calls (:func:`~leettriton.bench.timing.cpu_time_ms`),
+  which say nothing of GPU performance;
 * the ratio to the **memory floor**: the bytes of b, c, v and o read/written once,
   divided by the copy bandwidth measured at the start of the run;
 * the relative error ‖o − o_ref‖ / ‖o_ref‖ against the float64 oracle
@@ -57,8 +59,8 @@ from .grid import (CPU_BATCHES, CPU_DIM, CPU_HEADS, CPU_RANK, CPU_SEQLENS, PAPER
                    peer_entry, resumable_rows, run_grid)
 from .inputs import dtype_name, parse_dtype, resolve_device
 from .peers import CHUNKED_PEERS, peers
-from .report import base_path, echo, format_tables, plot, read_results, write_csv, write_results
-from .timing import copy_bandwidth
+from .report import CPU_TIMING_NOTE, base_path, echo, format_tables, plot, read_results, write_csv, write_results
+from .timing import CPU_MIN_SAMPLES, CPU_THREADS, copy_bandwidth
 
 __all__ = ["main"]
 
@@ -162,6 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         log("No CUDA device: running the PyTorch methods on small CPU shapes "
             f"(heads {heads}, r = {r}, d = {d}); the paper's grid needs a GPU."
             + (" TRITON_INTERPRET=1: Triton methods run in the interpreter." if is_interpreting() else ""))
+        log(CPU_TIMING_NOTE)
     meta = environment(device)
     meta["command"] = "python -m leettriton.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     bw = copy_bandwidth(device)
@@ -170,7 +173,9 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
                           decays=decays, heads=heads, r=r, d=d),
                 decay_formula="gamma_h = 1 - 2^(-5 - 3*h/(H-1))",
                 timing=(f"triton.testing.do_bench median, rep {rep_ms:g} ms, warm-up {args.warmup_ms:g} ms"
-                        if kind == "cuda" else f"wall-clock median over >= {rep_ms:g} ms") + ", one warm call first",
+                        if kind == "cuda" else f"time.perf_counter median of >= {CPU_MIN_SAMPLES} calls over >= "
+                        f"{rep_ms:g} ms after {args.warmup_ms:g} ms of warm-up calls, {CPU_THREADS} thread")
+                + ", one warm call first",
                 budget_s=args.budget_s,
                 err_max_rows=ERR_MAX_ROWS, peers=notes)
     log(f"{meta['device']}  copy bandwidth {bw / 1e9:.1f} GB/s  torch {meta['torch']}  triton {meta['triton']}  "

@@ -1,6 +1,7 @@
 """Writing the results: progress lines, the paper's Markdown tables, JSON, CSV and the plot.
 
-Every result row has the keys of :data:`ROW_FIELDS`.
+Every result row has the keys of :data:`ROW_FIELDS`.  In a table the fastest correct method
+of a column is in bold only when it is faster beyond the timing spread (:func:`fastest`).
 """
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from ..api import BUILTIN_METHODS
 
-__all__ = ["ROW_FIELDS", "echo", "fmt_ms", "progress_line", "markdown_table", "format_tables",
-           "write_results", "write_csv", "read_results", "base_path", "plot"]
+__all__ = ["ROW_FIELDS", "CPU_TIMING_NOTE", "echo", "fmt_ms", "progress_line", "markdown_table", "fastest",
+           "format_tables", "write_results", "write_csv", "read_results", "base_path", "plot"]
 
 ROW_FIELDS = ["method", "kind", "dtype", "batch", "heads", "n", "r", "d", "decay", "median_ms", "p20_ms", "p80_ms",
               "floor_ms", "ratio", "rel_err", "err_scope", "tol", "correct", "status", "note"]
 """Keys of every result row (CSV column order)."""
+
+CPU_TIMING_NOTE = ("CPU timings: the PyTorch methods (or the Triton interpreter) on small shapes, wall-clock "
+                   "medians; they say nothing of GPU performance.")
+"""Said with every CPU run's tables."""
 
 
 def echo(text: str) -> None:
@@ -80,29 +85,58 @@ def _status_cell(row: dict) -> str:
     return {"n/a": "n/a", "OOM": "OOM", "skipped": "skip", "error": "ERR"}.get(row["status"], row["status"])
 
 
+def fastest(rows: Sequence[dict]) -> Optional[str]:
+    """The method of the fastest correct row, when its lead is larger than the timing spread; else None.
+
+    Among the rows of status ``"ok"`` with a time, the one of least median is the fastest
+    only if its p80 is below every other row's p20: the middle 60 % of its samples are all
+    faster than theirs.  Otherwise the lead is within the noise (a CPU scheduler's, say)
+    and no method is named.  A row without p20/p80 counts its median for both.
+
+    Example::
+
+        >>> fastest([dict(method="a", status="ok", median_ms=1.0, p20_ms=0.9, p80_ms=1.1),
+        ...          dict(method="b", status="ok", median_ms=1.05, p20_ms=1.0, p80_ms=1.2)]) is None
+        True
+    """
+    ok = [row for row in rows if row["status"] == "ok" and row["median_ms"] is not None]
+    if not ok:
+        return None
+
+    def quantile(row: dict, key: str) -> float:
+        return row["median_ms"] if row.get(key) is None else row[key]
+
+    best = min(ok, key=lambda row: row["median_ms"])
+    if all(quantile(best, "p80_ms") < quantile(row, "p20_ms") for row in ok if row is not best):
+        return best["method"]
+    return None
+
+
 def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
     """The paper's tables: one per dtype, batch and decay, a method per line and an n per column.
 
     Time cells read ``median (ratio × memory floor)``; the fastest correct method of a
-    column is in bold.  A second table per group gives the relative errors.  Legend:
-    ``n/a`` not implemented, ``OOM`` out of memory, ``skip`` larger n skipped after a cell
-    exceeded the time budget, ``ERR`` an exception (see the rows' notes), ``WRONG`` error
-    above the dtype's tolerance.
+    column is in bold when its lead exceeds the timing spread (:func:`fastest`), and a
+    line under the table names the columns where it does not.  A second table per group
+    gives the relative errors.  Legend: ``n/a`` not implemented, ``OOM`` out of memory,
+    ``skip`` larger n skipped after a cell exceeded the time budget, ``ERR`` an exception
+    (see the rows' notes), ``WRONG`` error above the dtype's tolerance.  With ``meta`` of a
+    CPU run (``meta["device"] == "cpu"``) the tables begin with :data:`CPU_TIMING_NOTE`.
     """
     groups: dict[tuple, list] = {}
     for row in rows:
         groups.setdefault((row["dtype"], row["batch"], row["decay"], row["heads"], row["r"], row["d"]), []).append(row)
     out = []
+    if meta is not None and meta.get("device") == "cpu":
+        out.append(f"{CPU_TIMING_NOTE}\n")
     for (dt, batch, decay, heads, r, d), grp in groups.items():
         ns = sorted({row["n"] for row in grp})
         methods = list(dict.fromkeys(row["method"] for row in grp))
         cell = {(row["method"], row["n"]): row for row in grp}
         floor = {row["n"]: row["floor_ms"] for row in grp}
-        best = {}
-        for n in ns:
-            ok = [row for row in grp if row["n"] == n and row["status"] == "ok" and row["median_ms"] is not None]
-            if ok:
-                best[n] = min(ok, key=lambda x: x["median_ms"])["method"]
+        best = {n: fastest([row for row in grp if row["n"] == n]) for n in ns}
+        ties = [n for n in ns if best[n] is None
+                and sum(row["n"] == n and row["status"] == "ok" and row["median_ms"] is not None for row in grp) > 1]
         decay_txt = "with decay" if decay else "without decay"
         out.append(f"### {dt}, batch {batch}, {decay_txt} — heads {heads}, r = {r}, d = {d}\n")
         body = [["memory floor"] + [fmt_ms(floor[n]) for n in ns]]
@@ -125,6 +159,9 @@ def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
                 line.append(txt)
             body.append(line)
         out.append(markdown_table(["median (× floor)"] + [f"n = {n}" for n in ns], body))
+        if ties:
+            out.append(f"\nNo method in bold at {', '.join(f'n = {n}' for n in ties)}: the fastest's lead is within "
+                       f"the timing spread (its p80 is not below every other method's p20).")
         ebody = []
         scopes = set()
         for m in methods:

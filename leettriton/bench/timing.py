@@ -1,7 +1,9 @@
 """Timing: one call's median and spread, the copy bandwidth and the memory floor.
 
 On CUDA :func:`time_ms` is ``triton.testing.do_bench``'s median (p20/p80 beside it).
-On the CPU it is the median of wall-clock samples.
+On the CPU it is :func:`cpu_time_ms`: wall-clock (``time.perf_counter``) samples after
+warm-up calls, on one thread, garbage collection paused.  CPU times are those of the PyTorch methods
+(or the Triton interpreter) on small shapes: they say nothing of GPU performance.
 """
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ import torch
 
 from .inputs import parse_dtype, resolve_device
 
-__all__ = ["sync", "free_memory", "time_ms", "copy_bandwidth", "memory_floor_ms"]
+__all__ = ["sync", "free_memory", "time_ms", "cpu_time_ms", "copy_bandwidth", "memory_floor_ms"]
+
+CPU_MIN_SAMPLES = 5
+"""Fewest timed calls behind a CPU median (a call slower than a third of ``rep_ms``: three)."""
+CPU_MAX_SAMPLES = 200
+"""Most timed calls behind a CPU median."""
+CPU_THREADS = 1
+"""PyTorch intra-op threads while timing on the CPU (:func:`cpu_time_ms`)."""
 
 
 def sync(device) -> None:
@@ -49,51 +58,95 @@ def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100
     On CUDA, ``triton.testing.do_bench(fn, warmup_ms, rep_ms, quantiles=[0.5, 0.2, 0.8])``
     (it clears the L2 cache before each call).  A call slower than ``rep_ms / 3`` is
     timed three times with CUDA events instead, and one slower than ``max_call_ms`` only
-    once, so that a slow method costs a few calls, not a dozen.  On CPU, wall-clock
-    samples until ``rep_ms`` has passed (at least three).
+    once, so that a slow method costs a few calls, not a dozen.  On CPU, :func:`cpu_time_ms`.
 
     Example::
 
         >>> med, p20, p80 = time_ms(lambda: leettriton.linear_attention(b, c, v, 0.99))
     """
     device = resolve_device(device)
-    if device.type == "cuda":
-        if warm:
-            fn()
-        torch.cuda.synchronize(device)
+    if device.type != "cuda":
+        return cpu_time_ms(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, warm=warm, max_call_ms=max_call_ms)
+    if warm:
+        fn()
+    torch.cuda.synchronize(device)
 
-        def one() -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end)
+    def one() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
 
+    first = one()
+    if max_call_ms is not None and first > max_call_ms:
+        return first, first, first
+    if first > rep_ms / 3:
+        samples = [first, one(), one()]
+    else:
+        import triton.testing
+
+        med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+        return float(med), float(p20), float(p80)
+    med, p20, p80 = _quantiles(samples, (0.5, 0.2, 0.8))
+    return med, p20, p80
+
+
+def cpu_time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100, warm: bool = True,
+                max_call_ms: Optional[float] = None,
+                threads: Optional[int] = CPU_THREADS) -> tuple[float, float, float]:
+    """(median, p20, p80) wall-clock milliseconds of one call of ``fn`` on the CPU.
+
+    One warm call (``warm=True``), then one timed call: if it is slower than ``max_call_ms``
+    it is the measurement, and if slower than ``rep_ms / 3`` two more are timed (three in
+    all).  Otherwise ``fn`` runs untimed for ``warmup_ms`` (allocator, caches),
+    then is timed call by call with ``time.perf_counter`` until ``rep_ms`` has passed and at
+    least :data:`CPU_MIN_SAMPLES` calls were timed (at most :data:`CPU_MAX_SAMPLES`).  The
+    garbage collector is paused meanwhile, so that one call does not pay for the others.
+
+    ``threads``: PyTorch's intra-op threads while timing (default :data:`CPU_THREADS`, one;
+    None leaves the setting alone).  On the small shapes a CPU run uses, a thread pool gains
+    nothing, and on a busy machine each call waits for its descheduled workers: timings
+    then come in multiples of the scheduler's tick (24 ms for a call of 0.3 ms), whatever
+    the method.
+
+    Example::
+
+        >>> med, p20, p80 = cpu_time_ms(lambda: leettriton.linear_attention(b, c, v, 0.99))
+    """
+    def one() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    if warm:
+        fn()
+    collecting = gc.isenabled()
+    threads_before = torch.get_num_threads()
+    gc.disable()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        begin = time.perf_counter()
         first = one()
         if max_call_ms is not None and first > max_call_ms:
             return first, first, first
         if first > rep_ms / 3:
             samples = [first, one(), one()]
         else:
-            import triton.testing
-
-            med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-            return float(med), float(p20), float(p80)
-    else:
-        if warm:
-            fn()
-        samples = []
-        begin = time.perf_counter()
-        while True:
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-            if max_call_ms is not None and len(samples) == 1 and samples[0] > max_call_ms:
-                break
-            elapsed = (time.perf_counter() - begin) * 1e3
-            if (len(samples) >= 3 and elapsed >= rep_ms) or len(samples) >= 200:
-                break
+            while (time.perf_counter() - begin) * 1e3 < warmup_ms:
+                fn()
+            samples = []
+            begin = time.perf_counter()
+            while len(samples) < CPU_MAX_SAMPLES and (len(samples) < CPU_MIN_SAMPLES
+                                                      or (time.perf_counter() - begin) * 1e3 < rep_ms):
+                samples.append(one())
+    finally:
+        if threads is not None:
+            torch.set_num_threads(threads_before)
+        if collecting:
+            gc.enable()
     med, p20, p80 = _quantiles(samples, (0.5, 0.2, 0.8))
     return med, p20, p80
 

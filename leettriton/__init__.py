@@ -5,25 +5,19 @@
 See :func:`linear_attention` for the main entry point, docs/design.md for the design.
 """
 from . import registry as _registry
+from ._version import __version__
 from .api import causal_linear_decoder, decode_step, linear_attention, method_function as _method_function
+from .methods import BUILTIN_METHODS
 from .plan import load_heuristics
 from .reference import reference
 from .registry import register_method, unregister_method
 
-vanilla = _method_function("vanilla")
-causal_dot_product = _method_function("causal_dot_product")
-block_based = _method_function("block_based")
-recursion = _method_function("recursion")
-lightning_attention = _method_function("lightning_attention")
-fleet_attention = _method_function("fleet_attention")
-vanilla_torch = _method_function("vanilla_torch")
-causal_dot_product_torch = _method_function("causal_dot_product_torch")
-block_based_torch = _method_function("block_based_torch")
-recursion_torch = _method_function("recursion_torch")
-lightning_attention_torch = _method_function("lightning_attention_torch")
-fleet_attention_torch = _method_function("fleet_attention_torch")
+# one public function per built-in method and per PyTorch version: leettriton.vanilla(b, c, v, 0.9), ...
+vanilla, causal_dot_product, block_based, recursion, lightning_attention, fleet_attention = (
+    _method_function(name) for name in BUILTIN_METHODS)
+(vanilla_torch, causal_dot_product_torch, block_based_torch, recursion_torch, lightning_attention_torch,
+ fleet_attention_torch) = (_method_function(f"{name}_torch") for name in BUILTIN_METHODS)
 
-__version__ = "0.1.0"
 
 
 def benchmark_method(fn, *args, **kwargs):

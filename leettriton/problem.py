@@ -121,10 +121,11 @@ def check_bool(name: str, x) -> None:
         raise TypeError(f"{name} must be a bool, got {type_name(x)}")
 
 
-def check_state(name: str, state, shape: tuple, device: torch.device) -> None:
-    """A float32 state of ``shape`` on ``device``."""
+def check_state(name: str, state, shape: tuple, device: torch.device, optional: bool = False) -> None:
+    """A float32 state of ``shape`` on ``device`` (``optional``: None was allowed, and the message says so)."""
     if not isinstance(state, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type_name(state)}")
+        what = "None or a torch.Tensor" if optional else "a torch.Tensor"
+        raise TypeError(f"{name} must be {what}, got {type_name(state)}")
     if state.dtype != torch.float32:
         raise TypeError(f"{name} must be float32, got dtype {state.dtype}")
     if tuple(state.shape) != shape:
@@ -284,7 +285,7 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     device = v.device
 
     if initial_state is not None:
-        check_state("initial_state", initial_state, (B, H, r, d), device)
+        check_state("initial_state", initial_state, (B, H, r, d), device, optional=True)
 
     gamma_h = resolve_gamma(gamma, H, device, _other_layout_hint(layout, b, gamma))
 

@@ -68,12 +68,13 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
         The float64 output in the inputs' layout; with ``return_state=True``,
         ``(output, state)`` with the float64 final state ``(batch, heads, r, d)``.
     """
+    check_bool("return_state", return_state)
     p, _ = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=False,
                         precision=precision, where="reference")
     B, H, n, r, d = p.shape
     dev = torch.device(device) if device is not None else p.v.device
     lam = None
-    if p.log2_gamma is not None:
+    if p.gamma is not None:
         lam = torch.log2(_gamma64(gamma, H, dev))
     state = None if initial_state is None else initial_state.detach().to(device=dev, dtype=torch.float64)
     out = torch.empty((B, H, n, d), dtype=torch.float64, device=dev)
@@ -86,3 +87,35 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
         state = torch.zeros((B, H, r, d), dtype=torch.float64, device=dev)
     out = _bhnd(out, layout)
     return (out, state) if return_state else out
+
+
+# --------------------------------------------------------------------------- tolerances
+
+TOLERANCES = {"float32": 1e-5, "tf32": 2e-3, "float16": 2e-3, "bfloat16": 1e-2}
+"""Bound on the relative error ‖out − ref‖ / ‖ref‖ against :func:`reference`, by input dtype.
+
+``"float32"`` is float32 inputs with ``precision="ieee"`` (true float32 products), ``"tf32"``
+float32 inputs with ``precision="tf32"`` (10-bit mantissa products; the peers compute so by
+design).  The one table the tests, ``leettriton.bench`` and :func:`benchmark_method` judge by.
+"""
+
+
+def tolerance(dtype: torch.dtype, precision: Optional[str] = None) -> float:
+    """The relative-error bound of :data:`TOLERANCES` for inputs of ``dtype`` computed at ``precision``.
+
+    ``precision`` (``None``, ``"ieee"`` or ``"tf32"``) matters for float32 only: 16-bit inputs
+    have their own bound whatever it is.
+
+    Example::
+
+        >>> tolerance(torch.float16), tolerance(torch.float32), tolerance(torch.float32, "tf32")
+        (0.002, 1e-05, 0.002)
+    """
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"tolerance: dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
+    if dtype == torch.float32 and precision == "tf32":
+        return TOLERANCES["tf32"]
+    return TOLERANCES[str(dtype).replace("torch.", "")]
+
+
+__all__ += ["TOLERANCES", "tolerance"]

@@ -30,7 +30,7 @@ from .problem import make_problem
 from .autotune import KERNELS, chosen_config, current_family, recording
 from .autotune.families import FAMILIES
 from .autotune.heuristics import FORMAT, default_path
-from .bench import decay_gammas
+from .bench.inputs import decay_gammas
 
 GRIDS = {
     "full": dict(dtype=["float16", "bfloat16", "float32"], decay=[True, False],

@@ -104,11 +104,11 @@ def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> N
                 if name in OURS:
                     def prepare(name=name):
                         return lambda: leettriton.linear_attention(b, c, v, g, method=common.run_name(name, device))
-                    tol = bench.TOLERANCES[dt]
+                    tol = bench.tolerance(dt)
                 else:
                     def prepare(name=name):
                         return peers[name](b, c, v, g)
-                    tol = bench.TF32_TOLERANCE if dt == torch.float32 else bench.TOLERANCES[dt]
+                    tol = bench.tolerance(dt, "tf32")            # the peers' float32 goes through TF32
                 m = bench.measure(prepare, check=orc, tol=tol, device=device, timed=False)
                 rep.rows.append(dict(section="precision", method=name, dtype=bench.dtype_name(dt), batch=1,
                                      heads=heads, n=n, r=r, d=d, gamma=gval, rel_err=m.rel_err, tol=tol,
@@ -128,7 +128,7 @@ def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> N
             missing = sorted({m.status for m in ms if m.rel_err is None})
             over = ", ".join(f"{x:g}" for x in gammas)
             rep.target(f"precision {name} {bench.dtype_name(dt)} n={n}, worst of γ ∈ {{{over}}}",
-                       shown + (f" ({', '.join(missing)})" if missing else ""), f"≤ {bench.TOLERANCES[dt]:.0e}",
+                       shown + (f" ({', '.join(missing)})" if missing else ""), f"≤ {bench.tolerance(dt):.0e}",
                        False if any(m.status in ("WRONG", "error") for m in ms) else
                        (None if missing else True))
         del b, c, v

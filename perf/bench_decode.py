@@ -61,7 +61,7 @@ def run_decode(rep: common.Report, args, dtypes, batches, heads, r, d, rep_ms) -
                                  list(range(heads)), "all")
             nbytes = decode_bytes(batch, heads, r, d, dt)
             floor = nbytes / rep.bandwidth * 1e3
-            tol = bench.TOLERANCES[dt]
+            tol = bench.tolerance(dt)
 
             def ours():
                 st = state0.clone()
@@ -71,7 +71,8 @@ def run_decode(rep: common.Report, args, dtypes, batches, heads, r, d, rep_ms) -
                                                     budget_ms=args.budget_s * 1e3)}
             if fla is not None:
                 results["fla_fused_recurrent (1 token)"] = bench.measure(
-                    lambda: fla(b_t, c_t, v_t, state0.clone(), gamma), check=check, tol=bench.TF32_TOLERANCE,
+                    lambda: fla(b_t, c_t, v_t, state0.clone(), gamma), check=check,
+                    tol=bench.tolerance(torch.float32, "tf32"),
                     device=device, rep_ms=rep_ms, budget_ms=args.budget_s * 1e3)
             for label, m in results.items():
                 bw = None if m.median_ms is None else nbytes / (m.median_ms * 1e-3)

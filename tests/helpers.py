@@ -2,18 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-TF32_TOLERANCE = 2e-3
-
-
-def tolerance(dtype: torch.dtype, precision: Optional[str] = None) -> float:
-    if dtype == torch.float32 and precision == "tf32":
-        return TF32_TOLERANCE
-    return TOLERANCE[dtype]
+from leettriton.reference import tolerance  # noqa: F401  (the one table, shared with the bench)
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:

@@ -17,6 +17,7 @@ import torch
 
 import leettriton
 from leettriton import bench
+from leettriton.bench import cell, cli, grid, report, timing
 
 PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "perf")
 TINY = ["--device", "cpu", "--heads", "2", "--r", "8", "--d", "8"]
@@ -89,14 +90,14 @@ def _by(rows, **keys):
 def test_main_quick_statuses_and_files(tmp_path, register):
     methods = "vanilla_torch,bench_test_wrong,bench_test_na,bench_test_oom,bench_test_error"
     out = tmp_path / "res" / "bench.json"
-    rows = bench.main(["--quick", *TINY, "--decay", "both", "--batch", "1,2", "--n", "16,40", "--methods", methods,
+    rows = cli.main(["--quick", *TINY, "--decay", "both", "--batch", "1,2", "--n", "16,40", "--methods", methods,
                        "--json", str(out), "--csv", str(tmp_path / "bench.csv"), "--plot", str(tmp_path / "p.png")])
     assert len(rows) == 5 * 2 * 2 * 2                                   # methods × batches × n × decays
     assert {tuple(sorted(r)) for r in rows} == {tuple(sorted(bench.ROW_FIELDS))}
 
     for r in _by(rows, method="vanilla_torch"):
         assert r["status"] == "ok", r
-        assert r["correct"] is True and r["rel_err"] <= bench.TOLERANCES[torch.float16], r
+        assert r["correct"] is True and r["rel_err"] <= bench.tolerance(torch.float16), r
         assert r["err_scope"] == "all"
         assert 0 < r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
         assert r["floor_ms"] > 0 and math.isclose(r["ratio"], r["median_ms"] / r["floor_ms"])
@@ -127,7 +128,7 @@ def test_main_quick_statuses_and_files(tmp_path, register):
 
 
 def test_main_time_budget_skips_larger_n(register):
-    rows = bench.main([*TINY, "--methods", "bench_test_slow,vanilla_torch", "--decay", "on", "--batch", "1",
+    rows = cli.main([*TINY, "--methods", "bench_test_slow,vanilla_torch", "--decay", "on", "--batch", "1",
                        "--n", "16,32,48", "--budget-s", "0.1", "--rep-ms", "5"])
     slow = sorted(_by(rows, method="bench_test_slow"), key=lambda r: r["n"])
     assert slow[0]["status"] == "ok" and slow[0]["median_ms"] >= 200 and "timed once" in slow[0]["note"]
@@ -146,20 +147,20 @@ def test_predicted_time_skips_a_cell_without_running_it(register):
         return leettriton.linear_attention(b, c, v, gamma, method="vanilla_torch")
 
     register("bench_test_quadratic", quadratic)
-    rows = bench.main([*TINY, "--methods", "bench_test_quadratic", "--decay", "on", "--batch", "1",
+    rows = cli.main([*TINY, "--methods", "bench_test_quadratic", "--decay", "on", "--batch", "1",
                        "--n", "16,32,2048", "--budget-s", "0.05", "--rep-ms", "5"])
     assert [r["status"] for r in rows] == ["ok", "ok", "skipped"]
     assert "predicted" in rows[2]["note"] and 2048 not in calls       # ≥ 8 ms × 64 > 5 budgets
-    assert bench._predicted_ms([(16, 1.0), (32, 4.0)], 512) == pytest.approx(1024.0)       # quadratic
-    assert bench._predicted_ms([(16, 1.0), (32, 1.0)], 64) == pytest.approx(2.0)           # at least linear
-    assert bench._predicted_ms([(16, 1.0), (32, 100.0)], 64) == pytest.approx(400.0)       # at most quadratic
-    assert bench._predicted_ms([], 64) == 0.0
+    assert grid._predicted_ms([(16, 1.0), (32, 4.0)], 512) == pytest.approx(1024.0)       # quadratic
+    assert grid._predicted_ms([(16, 1.0), (32, 1.0)], 64) == pytest.approx(2.0)           # at least linear
+    assert grid._predicted_ms([(16, 1.0), (32, 100.0)], 64) == pytest.approx(400.0)       # at most quadratic
+    assert grid._predicted_ms([], 64) == 0.0
 
 
 def test_main_stops_after_a_kernel_fault_and_keeps_what_it_measured(tmp_path, register):
     out = tmp_path / "bench.json"
     with pytest.raises(SystemExit) as stop:
-        bench.main([*TINY, "--methods", "vanilla_torch,bench_test_fault", "--decay", "on", "--batch", "1",
+        cli.main([*TINY, "--methods", "vanilla_torch,bench_test_fault", "--decay", "on", "--batch", "1",
                     "--n", "16,32", "--rep-ms", "5", "--json", str(out)])
     assert stop.value.code == 1
     saved = json.loads(out.read_text())
@@ -171,7 +172,7 @@ def test_main_stops_after_a_kernel_fault_and_keeps_what_it_measured(tmp_path, re
     # --resume keeps both cells (the fault is not run again) and measures the rest
     leettriton.api._USER["bench_test_fault"] = lambda b, c, v, gamma, **_: leettriton.linear_attention(
         b, c, v, gamma, method="vanilla_torch")
-    rows = bench.main([*TINY, "--methods", "vanilla_torch,bench_test_fault", "--decay", "on", "--batch", "1",
+    rows = cli.main([*TINY, "--methods", "vanilla_torch,bench_test_fault", "--decay", "on", "--batch", "1",
                        "--n", "16,32", "--rep-ms", "5", "--json", str(out), "--resume"])
     assert [(r["method"], r["n"], r["status"]) for r in rows] == [
         ("vanilla_torch", 16, "ok"), ("bench_test_fault", 16, "error"), ("vanilla_torch", 32, "ok"),
@@ -186,7 +187,7 @@ def test_a_fault_reported_late_stops_the_run(tmp_path, register, monkeypatch):
     def fault_on_free():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(bench, "free_memory", fault_on_free)
+    monkeypatch.setattr(cell, "free_memory", fault_on_free)
     with pytest.raises(bench.DeviceFailure, match="illegal memory access"):
         bench.measure(lambda: _out_of_memory(None, None, None, None), device="cpu")
 
@@ -196,7 +197,7 @@ def _saved_run(tmp_path, decay: str, seqlens: str):
     out = tmp_path / "bench.json"
     args = [*TINY, "--methods", "vanilla_torch", "--decay", decay, "--batch", "1", "--n", seqlens, "--rep-ms", "5",
             "--json", str(out)]
-    rows = bench.main(args)
+    rows = cli.main(args)
     return args, out, json.loads(out.read_text()), rows
 
 
@@ -206,7 +207,7 @@ def test_resume_measures_again_only_what_the_time_limit_skipped(tmp_path, regist
     saved["rows"][0]["median_ms"] = 1234.5                     # kept as it is
     saved["rows"][1].update(status="skipped", median_ms=None, note="the run's time limit was reached")
     out.write_text(json.dumps(saved))
-    rows = bench.main(args + ["--resume"])
+    rows = cli.main(args + ["--resume"])
     assert rows[0]["median_ms"] == 1234.5
     assert rows[1]["status"] == "ok" and rows[1]["median_ms"] is not None
     assert [(r["n"], r["decay"]) for r in rows] == [(16, True), (16, False), (32, True), (32, False)]
@@ -217,13 +218,13 @@ def test_from_json_redraws_without_measuring(tmp_path, register, capsys):
     saved["rows"][0]["median_ms"] = 98765.4              # a value no measurement here would give
     out.write_text(json.dumps(saved))
     capsys.readouterr()
-    again = bench.main(["--from-json", str(out)])
+    again = cli.main(["--from-json", str(out)])
     assert len(again) == len(rows) and again[0]["median_ms"] == 98765.4
     assert "98765 ms" in capsys.readouterr().out
 
 
 def test_plot_styles_pair_a_method_with_its_torch_version():
-    style = bench._plot_styles(["lightning_attention", "lightning_attention_torch", "auto", "fla_chunk_simple_gla",
+    style = report._plot_styles(["lightning_attention", "lightning_attention_torch", "auto", "fla_chunk_simple_gla",
                                 "lightning_attn2"])
     assert style["lightning_attention"]["color"] == style["lightning_attention_torch"]["color"]
     assert style["lightning_attention_torch"]["ls"] == "--"
@@ -236,12 +237,12 @@ def test_resume_refuses_a_file_from_another_device(tmp_path, register):
     saved["meta"]["device"] = "NVIDIA H100 80GB HBM3"
     out.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="device"):
-        bench.main(args + ["--resume"])
+        cli.main(args + ["--resume"])
 
 
 def test_main_rejects_unknown_method():
     with pytest.raises(ValueError, match="unknown method"):
-        bench.main([*TINY, "--methods", "no_such_method", "--n", "16"])
+        cli.main([*TINY, "--methods", "no_such_method", "--n", "16"])
 
 
 # --------------------------------------------------------------------------- benchmark_method
@@ -350,6 +351,82 @@ def test_time_ms_quantiles_and_budget():
     assert len(calls) == 2 and med == p20 == p80 >= 20                          # warm call + one timed call
 
 
+def test_cpu_time_ms_warms_up_and_times_on_one_thread():
+    threads_seen, calls = [], []
+
+    def fn():
+        calls.append(time.perf_counter())
+        threads_seen.append(torch.get_num_threads())
+        time.sleep(0.001)
+
+    torch.set_num_threads(2)
+    med, p20, p80 = timing.cpu_time_ms(fn, warmup_ms=10, rep_ms=5)
+    assert torch.get_num_threads() == 2                                        # restored
+    assert threads_seen[0] == 2 and set(threads_seen[1:]) == {1}              # the warm call as is, then one thread
+    assert len(calls) >= 1 + 1 + timing.CPU_MIN_SAMPLES + 3                    # warm, probe, warm-up calls, samples
+    assert 1.0 <= p20 <= med <= p80
+    calls.clear()
+    timing.cpu_time_ms(lambda: (calls.append(1), time.sleep(0.01)), rep_ms=15, warmup_ms=100)
+    assert len(calls) == 1 + 3                                                 # slower than rep_ms / 3: three timed
+
+
+def _timed(method, n, median, p20, p80, status="ok"):
+    return dict.fromkeys(bench.ROW_FIELDS) | dict(method=method, kind="torch", dtype="float32", batch=1, heads=2, n=n,
+                                                  r=8, d=8, decay=True, median_ms=median, p20_ms=p20, p80_ms=p80,
+                                                  floor_ms=0.001, ratio=median / 0.001, status=status, note="")
+
+
+def test_fastest_is_marked_only_beyond_the_timing_spread():
+    clear = [_timed("slow", 16, 2.0, 1.9, 2.2), _timed("quick", 16, 1.0, 0.95, 1.1)]
+    noisy = [_timed("slow", 32, 1.3, 0.4, 24.0), _timed("quick", 32, 1.0, 0.9, 1.5)]     # spreads overlap
+    wrong = [_timed("wrong", 48, 0.1, 0.1, 0.1, status="WRONG"), _timed("slow", 48, 2.0, 1.9, 2.2),
+             _timed("quick", 48, 1.0, 0.95, 1.1)]
+    assert report.fastest(clear) == "quick"
+    assert report.fastest(noisy) is None
+    assert report.fastest(wrong) == "quick"                                    # a wrong output is never fastest
+    assert report.fastest(clear[:1]) == "slow"                                 # alone in its column
+    assert report.fastest([_timed("x", 16, 1.0, None, None), _timed("y", 16, 1.5, None, None)]) == "x"
+
+    text = report.format_tables(clear + noisy + wrong)
+    quick = next(line for line in text.splitlines() if line.startswith("| quick"))
+    cells = [c.strip() for c in quick.strip("|").split("|")][1:]
+    assert cells[0].startswith("**") and not cells[1].startswith("**") and cells[2].startswith("**")
+    assert text.count("**") == 4                                               # two bold cells, nothing else
+    assert "No method in bold at n = 32: " in text
+    assert report.CPU_TIMING_NOTE not in text
+    assert report.format_tables(clear, meta={"device": "cpu"}).startswith(report.CPU_TIMING_NOTE)
+
+
+def test_one_tolerance_table_for_tests_and_bench():
+    from helpers import tolerance as tests_tolerance
+    from leettriton.reference import TOLERANCES, tolerance
+
+    assert tests_tolerance is tolerance and bench.tolerance is tolerance and bench.TOLERANCES is TOLERANCES
+    assert tolerance(torch.float32) == 1e-5 and tolerance(torch.float32, "ieee") == 1e-5
+    assert tolerance(torch.float32, "tf32") == 2e-3
+    assert tolerance(torch.float16) == tolerance(torch.float16, "tf32") == 2e-3
+    assert tolerance(torch.bfloat16) == 1e-2
+    with pytest.raises(ValueError, match="dtype"):
+        tolerance(torch.float64)
+    assert bench.peer_entry("p", None).precision == "tf32"
+
+
+def test_importing_the_bench_or_the_tuner_leaves_the_command_line_out():
+    """``leettriton.bench`` re-exports the tools without its CLI, and the tuner takes its decays from ``inputs``."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(PERF)
+    code = ("import sys, leettriton.tune, leettriton.bench; assert 'leettriton.bench.cli' not in sys.modules; "
+            "assert leettriton.tune.decay_gammas is leettriton.bench.inputs.decay_gammas")
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=root))
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([sys.executable, "-m", "leettriton.bench", "--help"], cwd=root, capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, PYTHONPATH=root))
+    assert res.returncode == 0 and "--from-json" in res.stdout, res.stderr
+
+
 def test_write_results_round_trip(tmp_path):
     rows = [dict.fromkeys(bench.ROW_FIELDS) | dict(method="m", dtype="float16", batch=1, heads=2, n=16, r=4, d=4,
                                                  decay=True, floor_ms=1.0, rel_err=float("nan"), status="WRONG")]
@@ -439,9 +516,9 @@ def test_a_file_that_is_not_a_bench_run_is_refused_by_name(tmp_path, register):
     out = tmp_path / "bench.json"
     out.write_text('{"rows": []}')
     with pytest.raises(ValueError, match="--resume: .*bench.json is not a leettriton.bench --json file"):
-        bench.main([*TINY, "--methods", "vanilla_torch", "--n", "16", "--json", str(out), "--resume"])
+        cli.main([*TINY, "--methods", "vanilla_torch", "--n", "16", "--json", str(out), "--resume"])
     with pytest.raises(SystemExit, match="--from-json: .*bench.json is not"):
-        bench.main(["--from-json", str(out)])
+        cli.main(["--from-json", str(out)])
 
 
 def test_a_resumed_grid_primes_the_autotuned_entries_at_its_first_cell():

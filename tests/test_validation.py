@@ -1,4 +1,4 @@
-"""Bad input: a clear exception naming the argument, before any kernel runs (DESIGN §2)."""
+"""Bad input: a clear exception naming the argument, before any kernel runs (docs/design.md §4.2); γ handling (§2.6)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,10 @@ import pytest
 import torch
 
 import leettriton
+import triton
+import triton.language as tl
 from conftest import DEVICE
+from leettriton.kernels.abi import log2_float64
 
 
 def inputs(B=1, H=2, n=8, r=4, d=5, dtype=torch.float32, device=DEVICE):
@@ -65,10 +68,14 @@ def test_v_shape_mismatch(shape):
         call(v=torch.randn(*shape, device=DEVICE))
 
 
-def test_mismatched_devices_meta():
+def test_mismatched_devices():
     b, c, v = inputs()
-    with pytest.raises(ValueError, match="b, c and v must be on one device, got"):
-        call(v=torch.empty(v.shape, device="meta"))
+    if DEVICE == "cuda":
+        with pytest.raises(ValueError, match="b, c and v must be on one device, got"):
+            call(v=v.cpu())
+    else:  # one device type on this machine: a meta tensor is refused for its device type first
+        with pytest.raises(ValueError, match="v must be on a CPU or CUDA device, got a tensor on meta"):
+            call(v=torch.empty(v.shape, device="meta"))
 
 
 @pytest.mark.parametrize("r,d,what", [(257, 8, "r"), (8, 300, "d")])
@@ -231,3 +238,92 @@ def test_decode_step_bad_input(bad, err, msg):
     with pytest.raises(err, match=msg):
         leettriton.decode_step(b_t, c_t, v_t, state, gamma)
     assert torch.equal(state, before)  # nothing ran
+
+
+def test_inputs_on_another_device_type_are_refused_before_any_work():
+    b, c, v = (torch.empty(1, 2, 8, k, device="meta") for k in (4, 4, 5))
+    with pytest.raises(ValueError, match=r"b must be on a CPU or CUDA device, got a tensor on meta"):
+        leettriton.linear_attention(b, c, v, 0.9)
+    with pytest.raises(ValueError, match=r"b_t must be on a CPU or CUDA device"):
+        leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], torch.empty(1, 2, 4, 5, device="meta"), 0.9)
+
+
+def test_bnhd_inputs_given_as_bhnd_are_named_as_a_layout_problem():
+    b, c, v = inputs(H=2, n=8)
+    bt, ct, vt = (x.transpose(1, 2).contiguous() for x in (b, c, v))   # (1, 8, 2, ·): heads on dim 2
+    with pytest.raises(ValueError, match=r"gamma must have shape \(8,\).*are the inputs in layout 'bnhd'\? "
+                                         r"Pass layout='bnhd'"):
+        leettriton.linear_attention(bt, ct, vt, torch.full((2,), 0.9, device=DEVICE))
+
+
+def test_reference_validates_return_state():
+    b, c, v = inputs()
+    with pytest.raises(TypeError, match="return_state must be a bool, got str 'x'"):
+        leettriton.reference(b, c, v, 0.9, return_state="x")
+
+
+@pytest.mark.parametrize("method", ["vanilla", "causal_dot_product", "lightning_attention", "auto"])
+def test_gamma_made_under_inference_mode(method):
+    b, c, v = inputs()
+    with torch.inference_mode():
+        gamma = torch.tensor([0.9, 0.5], device=DEVICE)
+        o = leettriton.linear_attention(b, c, v, gamma, method=method)
+        state = torch.zeros(1, 2, 4, 5, device=DEVICE)
+        o_t, _ = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
+    ref = leettriton.reference(b, c, v, gamma)
+    assert (o.double() - ref).abs().max() < 1e-5
+    assert (o_t.double() - ref[:, :, 0]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("write", ["data", "numpy", "inference"])
+@pytest.mark.parametrize("method", ["vanilla", "block_based", "auto"])
+def test_new_gamma_values_are_never_served_stale(write, method):
+    """Writes that bypass the version counter: the next call computes with the new values."""
+    b, c, v = inputs(n=40)
+    if write == "inference":
+        with torch.inference_mode():
+            gamma = torch.tensor([0.9, 0.5], device=DEVICE)
+    else:
+        gamma = torch.tensor([0.9, 0.5], device=DEVICE)
+    first = leettriton.linear_attention(b, c, v, gamma, method=method)
+    state = torch.zeros(1, 2, 4, 5, device=DEVICE)
+    leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
+    new = torch.tensor([0.3, 0.99], device=DEVICE)
+    if write == "data":
+        gamma.data.copy_(new)
+    elif write == "numpy":
+        if DEVICE != "cpu":
+            pytest.skip("a NumPy view needs a CPU tensor")
+        gamma.numpy()[:] = new.numpy()
+    else:
+        with torch.inference_mode():
+            gamma.copy_(new)
+    second = leettriton.linear_attention(b, c, v, gamma, method=method)
+    assert (second.double() - leettriton.reference(b, c, v, new)).abs().max() < 1e-5
+    assert not torch.allclose(first, second)
+    state = torch.zeros(1, 2, 4, 5, device=DEVICE)
+    o_t, state = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
+    o_t, state = leettriton.decode_step(b[:, :, 1], c[:, :, 1], v[:, :, 1], state, gamma)
+    ref = leettriton.reference(b[:, :, :2], c[:, :, :2], v[:, :, :2], new)
+    assert (o_t.double() - ref[:, :, 1]).abs().max() < 1e-5
+
+
+@triton.jit
+def _log2_kernel(g_ptr, out_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(out_ptr + o, log2_float64(tl.load(g_ptr + o)))
+
+
+def test_kernels_compute_log2_gamma_from_gamma_itself():
+    """The kernels' λ = log2 γ, in float64 from any γ, against the host's; NaN for γ outside (0, 1]."""
+    good = [1.0, 0.5, 0.25, 0.999, 0.9999999, 1 - 2 ** -40, 0.7071067811865476, 0.70710678, 0.01, 1e-30, 0.3]
+    bad = [0.0, -0.5, 1.5, math.nan, math.inf, -math.inf]
+    g = torch.tensor(good + bad + [0.9] * (32 - len(good) - len(bad)), dtype=torch.float64, device=DEVICE)
+    out = torch.empty_like(g)
+    _log2_kernel[(1,)](g, out, N=32)
+    expect = torch.tensor([math.log2(x) for x in good], dtype=torch.float64)
+    got = out[:len(good)].cpu()
+    rel = ((got - expect).abs() / expect.abs().clamp(min=1e-300))
+    rel[expect == 0] = (got - expect).abs()[expect == 0]
+    assert rel.max() < 1e-14, list(zip(good, got.tolist(), expect.tolist()))
+    assert torch.isnan(out[len(good):len(good) + len(bad)]).all(), out[len(good):len(good) + len(bad)]

@@ -2,7 +2,7 @@
 
 Each ``<method>_torch(p, config=None)`` fills ``p.out`` (and ``p.state``) for a
 :class:`~leettriton.api.Problem` with the algorithm of the method of that
-name (DESIGN §3), written with device-agnostic batched tensor operations: every
+name (docs/design.md §3), written with device-agnostic batched tensor operations: every
 operation is vectorised over batch and heads, Python loops only walk blocks of
 the sequence (never batch, heads or single rows), and nothing synchronises with
 the host, so the same code runs on CPU and CUDA tensors.
@@ -11,7 +11,7 @@ Numerics: everything is computed in float32 (16-bit inputs are upcast, the
 output is cast back on the final copy).  Every decay factor is
 exp2(λ · distance) with distance ≥ 0, so it lies in (0, 1]; a decay is never
 divided by and γ^(−j) is never formed.  Per batch element and head, with rows
-b_t, c_t of B, C and v_t of V, the building blocks are (DESIGN §3)
+b_t, c_t of B, C and v_t of V, the building blocks are (docs/design.md §3)
 
     masked product:  O_i  = Σ_{j ≤ i} γ^(i−j) (b_i · c_j) v_j      inside a block of rows
     from a state:    O_i += γ^(i+1) b_i S                          S: the state before the block

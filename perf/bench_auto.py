@@ -28,7 +28,7 @@ import time
 import torch
 
 import leettriton
-from leettriton.api import BUILTIN_METHODS
+from leettriton.methods import BUILTIN_METHODS
 from leettriton.bench import decay_gammas, environment, make_inputs, time_ms, write_results
 
 HEADS = 16
@@ -103,7 +103,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
         dtype = getattr(torch, dt)
         b, c, v = make_inputs(batch, HEADS, n, 128, 128, dtype, "cuda", seed=n)
         gamma = decay_gammas(HEADS, "cuda") if dec else None
-        chosen = leettriton.dispatch.choose(leettriton.api.make_problem(b, c, v, gamma)[0])[0]
+        chosen = leettriton.plan.choose(leettriton.problem.make_problem(b, c, v, gamma)[0])[0]
         times = {}
         os.environ["LEETTRITON_AUTOTUNE"] = "1"
         for kernel in KERNELS.values():

@@ -12,7 +12,7 @@ fleet_attention, recursion, lightning_attention and block_based.
   the GPU's float32 FMA rate, measured in this run by an FMA-bound Triton kernel (eight
   independent FMA chains per element); the datasheet figure is shown beside it as a
   lead.  The kernel computes the scans a block of BT rows at a time as tensor-core
-  products (BT·n·r·d multiply-adds, kernels/fleet_attention.py), not on CUDA cores as
+  products (BT·n·r·d multiply-adds, methods/fleet_attention/kernels.py), not on CUDA cores as
   the row-by-row scan it replaced did, so the ratio can exceed what that scan could
   reach, and even 100%: it says how far the algorithm's work is from the CUDA-core
   limit, not how busy the tensor cores are.  Target: fleet_attention ≤ 10× the

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 CHILD = r"""
 import json, sys, torch, leettriton
-from leettriton.api import make_problem, run_problem
+from leettriton.plan import run_problem
+from leettriton.problem import make_problem
 method, space, cfg, dtype, shape, decay = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5]), sys.argv[6] == "1"
 B, H, n, r, d = shape
 g = torch.Generator(device="cuda").manual_seed(0)

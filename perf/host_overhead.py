@@ -25,8 +25,6 @@ import time
 
 METHODS = ("auto", "vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention",
            "fleet_attention")
-KERNEL_MODULES = ("vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention",
-                  "fleet_attention", "_segments")
 
 
 def _stub_launches(family_name: str) -> None:
@@ -44,20 +42,22 @@ def _stub_launches(family_name: str) -> None:
         # what launch() does before Triton's launcher; an autotuned launch (config None) would
         # look its key up in Triton's autotuner, which is not measured here
         if config is not None and not configs._fits(kernel.space, config, args):
-            config = kernel.space.usable(family, args)[0]
+            config = None  # as launch() does after its warning: the kernel autotunes
         if config is None:
             if kernel.space.name not in first:
                 first[kernel.space.name] = kernel.space.usable(family, args)[0]
             config = first[kernel.space.name]
         return grid(dict(config)) if callable(grid) else grid
 
-    names = ["leettriton.autotune", "leettriton.autotune.configs", "leettriton.autotune.heuristics",
-             "leettriton.dispatch", "leettriton.api"] + [f"leettriton.kernels.{m}" for m in KERNEL_MODULES]
-    for name in names:
-        mod = importlib.import_module(name)
-        if hasattr(mod, "launch"):
+    import leettriton  # noqa: F401  (every module that launches a kernel is imported with the package)
+
+    real_launch, real_family = configs.launch, families.current_family
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("leettriton"):
+            continue
+        if getattr(mod, "launch", None) is real_launch:
             mod.launch = stub
-        if hasattr(mod, "current_family"):
+        if getattr(mod, "current_family", None) is real_family:
             mod.current_family = family_of
     families.current_family = family_of
 

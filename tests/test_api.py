@@ -130,7 +130,7 @@ def test_causal_linear_decoder_compat():
 
 
 def test_reference_matches_naive_recurrence():
-    """The oracle against the literal recurrence of DESIGN §1, also across its chunked path."""
+    """The oracle against the literal recurrence of docs/design.md §1.2, also across its chunked path."""
     from leettriton import reference as reference_module
 
     B, H, n, r, d = 1, 2, 2100, 3, 2

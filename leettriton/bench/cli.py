@@ -21,7 +21,7 @@ float16 by default (``--dtype``).  Each cell reports
   n, to take more than five budgets.
 
 Decay: γ_h = 1 − 2^(−5 − 3·h/(H−1)) for head h of H (:func:`decay_gammas`), which spans
-0.969 … 0.996 as in BASELINES.md (RetNet's choice stretched over the heads).  Inputs are
+0.969 … 0.996 (RetNet's choice stretched over the heads).  Inputs are
 standard normal, b scaled by r^(−1/2) as a caller scales queries.
 
     python -m leettriton.bench                                # the full grid, fp16

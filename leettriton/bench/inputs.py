@@ -46,7 +46,7 @@ def resolve_device(device) -> torch.device:
 def decay_gammas(heads: int, device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """One γ per head, γ_h = 1 − 2^(−5 − 3·h/(H−1)): 0.96875 for head 0 … 0.99609 for the last.
 
-    The paper's range of per-head decays (BASELINES.md), RetNet's ``1 − 2^(−5−h)`` spread
+    The paper's range of per-head decays, RetNet's ``1 − 2^(−5−h)`` spread
     evenly in the exponent over however many heads there are.  Shape ``(heads,)``.
     """
     h = torch.arange(heads, dtype=torch.float64)

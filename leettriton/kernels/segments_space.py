@@ -1,4 +1,4 @@
-"""Configs of the segment-state kernels (kernels/_segments.py)."""
+"""Configs of the segment-state kernels (kernels/segments.py)."""
 from __future__ import annotations
 
 from ..autotune.configs import KernelSpace

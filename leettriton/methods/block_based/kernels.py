@@ -1,12 +1,12 @@
 """block_based: segment-parallel chunk walk, for when batch·heads alone cannot fill the GPU.
 
 The sequence is cut into segments of L rows (L from the family's rule in
-autotune/spaces/block_based.py, so that programs ≈ a small multiple of the
+methods/block_based/space.py, so that programs ≈ a small multiple of the
 multiprocessors).  Then:
 
-1. ``segment_local_states`` (kernels/_segments.py): the local state
+1. ``segment_local_states`` (kernels/segments.py): the local state
    Σ_j γ^(e−1−j) c_jᵀ v_j of every segment but the last, in parallel;
-2. the lightning_attention chunk walk (kernels/lightning_attention.py), one
+2. the lightning_attention chunk walk (methods/lightning_attention/kernels.py), one
    program per (value tile, segment, batch·head), each starting from its
    segment's start state γ^(s·L) S₀ + Σ_{j<s} γ^((s−1−j)·L) S_loc[j], which it
    sums itself (the last segment's programs end with the final state):
@@ -14,7 +14,7 @@ multiprocessors).  Then:
    the float32 state in registers.
 
 With many segments (a few batch·heads and a very long sequence: see
-``walk_sums_prefix`` in autotune/spaces/block_based.py) those sums would read
+``walk_sums_prefix`` in methods/block_based/space.py) those sums would read
 the local states quadratically often; a short scan kernel then turns them into
 start states first (``segment_start_states``).  Folding the scan into the walk
 saves a launch, which counts where a call takes a fraction of a millisecond.

@@ -1,4 +1,4 @@
-"""Configs of the row-by-row recurrence kernel (kernels/causal_dot_product.py).
+"""Configs of the row-by-row recurrence kernel (methods/causal_dot_product/kernels.py).
 
 Axes: BV (value columns per program), BT (rows per block: one load and one
 store per block, and the prefetch distance), num_warps.  The key dimension is

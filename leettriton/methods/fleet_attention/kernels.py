@@ -5,11 +5,11 @@ sequence,
 
     h_k[t, :] = γ h_k[t−1, :] + c[t, k] v[t, :],        o[t, :] = Σ_k b[t, k] h_k[t, :],
 
-which is the state recursion of DESIGN §1 read column by column: h_k[t] is row
+which is the state recursion of docs/design.md §1.2 read column by column: h_k[t] is row
 k of the state S_t.  Row by row this is a chain of n dependent steps per rank
 and value column (latency bound on CUDA cores: 9.5 ms at 1 × 32 heads × 8192,
 r = d = 128, fp16, on an H100, 27× the chunked lightning_attention).  Here it
-runs a block of BT rows at a time, with the relative decays of DESIGN §3
+runs a block of BT rows at a time, with the relative decays of docs/design.md §3.7
 (local row indices i, j of the block):
 
     h_k[block] = L @ (c[:, k] ⊙ v) + γ^(i+1) · carry_k,    L[i, j] = γ^(i−j) for i ≥ j, else 0
@@ -46,14 +46,14 @@ threads of the same program; ``tl.debug_barrier()`` orders the two (every thread
 has read the old carries before any is overwritten, and the next block reads
 them only once all are written).
 
-Segments: the workspace is that of ``segment_start_states`` (kernels/_segments.py).
+Segments: the workspace is that of ``segment_start_states`` (kernels/segments.py).
 When batch·heads and the value tiles cannot fill the GPU, the sequence is cut
-into segments (rule: ``segment_length`` in autotune/spaces/fleet_attention.py)
+into segments (rule: ``segment_length`` in methods/fleet_attention/space.py)
 whose start states come from the tensor-core segment-state pass, and each
 program starts its carries there; with one segment it is the initial state (or
 zero).  The final state comes from the same pass.
 
-Numerics (DESIGN §2 and §6: 16-bit inputs on tensor cores with float32
+Numerics (docs/design.md §2: 16-bit inputs on tensor cores with float32
 accumulation; float32 exact by default): every product accumulates in float32
 and the carries, the state and the output sum stay float32.  float16 inputs
 give the L @ (c ⊙ v) and carry products float16 operands: c ⊙ v is the float16

@@ -2,7 +2,7 @@
 
 Axes: BT (rows per block: the [BT, BT] decay matrix L and the rows of each
 tile product), BV (value columns per program), BK (ranks per slice of the carry
-update), num_warps, num_stages.  See kernels/fleet_attention.py.
+update), num_warps, num_stages.  See methods/fleet_attention/kernels.py.
 
 Measured on an H100 (fp16, heads 32, r = d = 128, with decay) by the experiment
 that chose this kernel (perf/fleet_dot.py, in the history before it became the

@@ -33,7 +33,7 @@ as TF32 keeps), bfloat16 as it is (8 bits, as b itself).  The row decay
 γ^(i+1) is applied to the product's rows, after it.  float32 inputs run every
 product at ``DOT_PRECISION`` ("ieee" by default, or TF32).
 
-The same jit body serves ``block_based`` (kernels/block_based.py): there the
+The same jit body serves ``block_based`` (methods/block_based/kernels.py): there the
 sequence is cut into segments whose start states come from the shared
 segment-state kernels, and one program walks one segment (``SEGMENTED``);
 with few segments each program sums its start state from the segments' local

@@ -1,4 +1,4 @@
-"""Configs of the fused chunk-walk kernel (kernels/lightning_attention.py).
+"""Configs of the fused chunk-walk kernel (methods/lightning_attention/kernels.py).
 
 Axes: BT (rows per chunk), BK (width of the r tiles: the transposed state is
 held as r/BK ≤ 4 register tiles of [BV, BK]), BV (value columns per program),

@@ -8,13 +8,13 @@ half of every segment receives, at offset i inside the half,
 
 and the leaves themselves are dense: o_i = Σ_{j ≤ i in the leaf} γ^(i−j) (b_i·c_j) v_j.
 Every earlier row reaches row i at exactly one level (the binary digits of its
-leaf index), so the sum over levels and the leaf is the operator of DESIGN §1.
+leaf index), so the sum over levels and the leaf is the operator of docs/design.md §1.
 The initial state adds γ^(i+1) b_i S₀ to every row.
 
 Three steps (tensor cores, except the elementwise combine of step 2):
 
 1. leaf states: the local state Σ_j γ^(L0−1−j) c_jᵀ v_j of every leaf, by the
-   shared segment-state kernel (kernels/_segments.py, SEG = L0, no scan), into a
+   shared segment-state kernel (kernels/segments.py, SEG = L0, no scan), into a
    float32 tree of cdiv(n, L0) states per batch·head;
 2. one ``recursion.level`` launch per level l, bottom up, in place: the state of
    a block of 2^(l+1) leaves is γ^h · (its left half's state) + (its right
@@ -45,7 +45,7 @@ O((n / BT) log(n/L0) r d) float32 state reads and additions -- each tile meets
 about half of the log2(n/L0) levels; the tree O(n r d / L0) of float32 traffic.  Memory: the tree, cdiv(n, L0) · r · d · 4 bytes
 per batch·head (r = d = 128, L0 = 256: 256 B per row, as much as the 16-bit
 output row), built for a block of batch elements and heads at a time when larger
-than ``TREE_BYTES`` (autotune/spaces/recursion.py).  The final state comes from
+than ``TREE_BYTES`` (methods/recursion/space.py).  The final state comes from
 the shared segment-state kernel over each block.
 
 Offsets across batch·heads are 64-bit; inside one (batch, head) sequence they

@@ -1,6 +1,6 @@
 """Configs of the recursion kernels, its leaf length, and the memory bound of its state tree.
 
-Two kernels of kernels/recursion.py have spaces here (the leaf states come from
+Two kernels of methods/recursion/kernels.py have spaces here (the leaf states come from
 the shared segment-state kernel, space ``segments.state``):
 
 * ``recursion.level``: one launch per level of the tree; elementwise over

@@ -1,0 +1,131 @@
+"""A/B timing of two checkouts of leettriton through the public API only, in separate processes.
+
+    python perf/ab_compare.py measure --label before --json /tmp/before.json   # with PYTHONPATH=<tree A>
+    python perf/ab_compare.py measure --label after  --json /tmp/after.json    # with PYTHONPATH=<tree B>
+    python perf/ab_compare.py compare /tmp/before.json /tmp/after.json /tmp/before2.json --md out.md
+
+``measure`` times, with the leettriton found on ``sys.path`` (so any commit's tree can be
+measured by the same script): ``linear_attention`` with ``auto``, ``block_based`` and
+``lightning_attention`` at the chunked bench's batch-1 and batch-16 shapes (heads 32,
+r = d = 128, float16 and bfloat16, decay 0.969 … 0.996 per head), and ``decode_step`` at
+batch 1 and 64 (from Python, so its host time counts).  ``triton.testing.do_bench``
+median; every cell is warmed up first.  Run it with ``LEETTRITON_AUTOTUNE=0`` so that
+both trees launch their family's first config for the explicit methods (``auto``
+launches the heuristic file's).  ``compare`` prints after ÷ before per cell, and, given a
+second "before" run, before₂ ÷ before₁: the noise between two runs of the same code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SHAPES = [(1, 2048), (1, 8192), (1, 32768), (1, 100000), (16, 2048), (16, 8192), (16, 25600)]
+METHODS = ("auto", "block_based", "lightning_attention")
+DECODE_BATCHES = (1, 64)
+HEADS, R, D = 32, 128, 128
+
+
+def measure(label: str, path: str, rep_ms: int) -> None:
+    import torch
+    import triton
+
+    import leettriton
+
+    dev = "cuda"
+    gamma = 1 - torch.exp2(-5 - torch.arange(HEADS, device=dev, dtype=torch.float32) * 3 / (HEADS - 1))
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16):
+        for batch, n in SHAPES:
+            gen = torch.Generator(device=dev).manual_seed(n + batch)
+            b, c = (torch.randn(batch, HEADS, n, R, device=dev, generator=gen, dtype=dtype) * R ** -0.5
+                    for _ in range(2))
+            v = torch.randn(batch, HEADS, n, D, device=dev, generator=gen, dtype=dtype)
+            for method in METHODS:
+                fn = lambda: leettriton.linear_attention(b, c, v, gamma, method=method)  # noqa: E731
+                fn()
+                torch.cuda.synchronize()
+                q = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+                rows.append(dict(kind="prefill", dtype=str(dtype)[6:], batch=batch, n=n, method=method,
+                                 ms=q[0], p20=q[1], p80=q[2]))
+                print(f"{label} {rows[-1]}", flush=True)
+            del b, c, v
+        for batch in DECODE_BATCHES:
+            gen = torch.Generator(device=dev).manual_seed(batch)
+            b_t, c_t = (torch.randn(batch, HEADS, R, device=dev, generator=gen, dtype=dtype) * R ** -0.5
+                        for _ in range(2))
+            v_t = torch.randn(batch, HEADS, D, device=dev, generator=gen, dtype=dtype)
+            state = torch.zeros(batch, HEADS, R, D, device=dev)
+            fn = lambda: leettriton.decode_step(b_t, c_t, v_t, state, gamma)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            q = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+            rows.append(dict(kind="decode", dtype=str(dtype)[6:], batch=batch, n=1, method="decode_step",
+                             ms=q[0], p20=q[1], p80=q[2]))
+            print(f"{label} {rows[-1]}", flush=True)
+    env = dict(label=label, leettriton=leettriton.__file__, torch=torch.__version__, triton=triton.__version__,
+               device=torch.cuda.get_device_name())
+    with open(path, "w") as f:
+        json.dump(dict(env=env, rows=rows), f, indent=1)
+
+
+def _cells(path: str) -> tuple[dict, dict]:
+    with open(path) as f:
+        data = json.load(f)
+    return data["env"], {(r["kind"], r["dtype"], r["batch"], r["n"], r["method"]): r["ms"] for r in data["rows"]}
+
+
+def compare(before: str, after: str, before2: str | None, md: str | None) -> None:
+    env_b, b = _cells(before)
+    env_a, a = _cells(after)
+    b2 = _cells(before2)[1] if before2 else None
+    lines = [f"A/B on {env_a['device']} (torch {env_a['torch']}, triton {env_a['triton']}): "
+             f"before = {env_b['label']}, after = {env_a['label']}" + (", before₂ = a second run of before" if b2 else ""),
+             "", "| kind | dtype | batch × n | method | before ms | after ms | after ÷ before |"
+             + (" before₂ ÷ before |" if b2 else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if b2 else "")]
+    ratios, noise = [], []
+    for key in b:
+        if key not in a:
+            continue
+        kind, dtype, batch, n, method = key
+        ratio = a[key] / b[key]
+        ratios.append(ratio)
+        row = f"| {kind} | {dtype} | {batch} × {n} | {method} | {b[key]:.4f} | {a[key]:.4f} | {ratio:.3f} |"
+        if b2 and key in b2:
+            noise.append(b2[key] / b[key])
+            row += f" {noise[-1]:.3f} |"
+        lines.append(row)
+    lines += ["", f"after ÷ before: min {min(ratios):.3f}, median {sorted(ratios)[len(ratios) // 2]:.3f}, "
+                  f"max {max(ratios):.3f} over {len(ratios)} cells"]
+    if noise:
+        lines.append(f"before₂ ÷ before (noise): min {min(noise):.3f}, median {sorted(noise)[len(noise) // 2]:.3f}, "
+                     f"max {max(noise):.3f}")
+    text = "\n".join(lines)
+    print(text)
+    if md:
+        with open(md, "w") as f:
+            f.write(text + "\n")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--label", required=True)
+    m.add_argument("--json", required=True)
+    m.add_argument("--rep-ms", type=int, default=200)
+    c = sub.add_parser("compare")
+    c.add_argument("before")
+    c.add_argument("after")
+    c.add_argument("before2", nargs="?")
+    c.add_argument("--md")
+    args = ap.parse_args(argv)
+    if args.cmd == "measure":
+        measure(args.label, args.json, args.rep_ms)
+    else:
+        compare(args.before, args.after, args.before2, args.md)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -137,7 +137,7 @@ def test_problem_args_are_built_once_and_handed_out_as_copies():
     first["BK"] = 999                      # a launcher adds its own arguments to its copy
     second = problem_args(p)
     assert "BK" not in second and second["b_ptr"] is p.b and second["HAS_DECAY"]
-    assert second["stride_bn"] == b.stride(2)
+    assert second["b_strides"] == b.stride()
 
 
 def test_an_autotuned_choice_is_launched_directly_until_the_autotuner_forgets_it(monkeypatch):
@@ -181,8 +181,8 @@ def test_config_fit_cache_tells_precisions_and_alignments_apart(monkeypatch):
     space = KERNELS["recursion.fwd"].space
     cfg = dict(BT=128, BJ=64, BK=32, BV=64, num_warps=4, num_stages=2)
     x = torch.empty(1, 1, 1, 1, dtype=torch.float32)
-    args = dict(v_ptr=x, R=128, D=128, DOT_PRECISION="tf32", stride_bn=128, stride_cn=128, stride_vn=128,
-                stride_on=128, stride_bk=1, stride_ck=1, stride_vd=1, stride_od=1)
+    args = dict(v_ptr=x, R=128, D=128, DOT_PRECISION="tf32", b_strides=(0, 0, 128, 1), c_strides=(0, 0, 128, 1),
+                v_strides=(0, 0, 128, 1), o_strides=(0, 0, 128, 1))
     ieee = dict(args, DOT_PRECISION="ieee")
     assert configs._fits(space, cfg, args) == space.fits(cfg, args)
     assert configs._fits(space, cfg, ieee) == space.fits(cfg, ieee)

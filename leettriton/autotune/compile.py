@@ -35,29 +35,40 @@ from leettriton.autotune.families import FAMILIES
 
 
 
+_POINTEE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
 def _signature(fn, args: dict):
+    """Triton's signature, constants and attributes for a launch with ``args``, specialised as a launch
+    would be; a tuple argument (the strides) is typed element by element, at paths (i, j)."""
     sig, constexprs, attrs = {}, {}, {}
+
+    def typed(path, value, specialize):
+        if isinstance(value, tuple):
+            return tuple(typed(path + (j,), x, specialize) for j, x in enumerate(value))
+        if isinstance(value, torch.Tensor):
+            attrs[path] = [["tt.divisibility", 16]]
+            return "*" + _POINTEE[value.dtype]
+        if isinstance(value, bool):
+            return "i1"
+        if isinstance(value, int) and value == 1 and specialize:
+            constexprs[path] = 1  # Triton specialises integer arguments equal to 1
+            return "constexpr"
+        if isinstance(value, int):
+            if value % 16 == 0 and specialize and value != 0:
+                attrs[path] = [["tt.divisibility", 16]]
+            return "i32"
+        if isinstance(value, float):
+            return "fp32"
+        raise TypeError(f"cannot type argument {fn.arg_names[path[0]]}={value!r}")
+
     for i, name in enumerate(fn.arg_names):
         value = args[name]
         if fn.params[i].is_constexpr:
             sig[name] = "constexpr"
-            constexprs[name] = value
-        elif isinstance(value, torch.Tensor):
-            sig[name] = "*" + {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool):
-            sig[name] = "i1"
-        elif isinstance(value, int) and value == 1 and not fn.params[i].do_not_specialize:
-            sig[name] = "constexpr"  # Triton specialises integer arguments equal to 1
-            constexprs[name] = 1
-        elif isinstance(value, int):
-            sig[name] = "i32"
-            if value % 16 == 0 and not fn.params[i].do_not_specialize and value != 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
+            constexprs[(i,)] = value
         else:
-            raise TypeError(f"cannot type argument {name}={value!r}")
+            sig[name] = typed((i,), value, not fn.params[i].do_not_specialize)
     return sig, constexprs, attrs
 
 
@@ -117,7 +128,8 @@ def main(argv=None) -> int:
         if method == "decode":  # the one-token step of leettriton.decode_step
             calls = record_decode(dtype, r=opts.r, d=opts.d)
         else:
-            calls = [call for n in (256, 16) for call in record_launches(method, dtype, n=n, r=opts.r, d=opts.d)]
+            calls = [call for n in (256, 16)
+                     for call in record_launches(method, dtype, n=n, r=opts.r, d=opts.d, family=family)]
         seen = set()
         for kernel, args in calls:
             variant = (kernel.space.name, tuple(sorted((k, str(getattr(v, "dtype", v))) for k, v in args.items()

@@ -183,8 +183,7 @@ def autotune(space: KernelSpace, key: Sequence[str], **kwargs):
 
 _launch_log = threading.local()
 _FITS_CACHE: dict[tuple, bool] = {}
-_ROW_STRIDES = ("stride_bn", "stride_cn", "stride_vn", "stride_on")
-_INNER_STRIDES = ("stride_bk", "stride_ck", "stride_vd", "stride_od")
+_STRIDES = ("b_strides", "c_strides", "v_strides", "o_strides")  # (batch, head, row, column) each
 
 
 def _fits(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> bool:
@@ -195,7 +194,8 @@ def _fits(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> bo
     v = args.get("v_ptr")
     key = (space.name, family.name, tuple(config.items()), args.get("R"), args.get("D"), args.get("KW"),
            args.get("DOT_PRECISION"), getattr(v, "dtype", None),
-           tuple(args.get(k, 0) % 16 == 0 for k in _ROW_STRIDES), tuple(args.get(k) for k in _INNER_STRIDES))
+           tuple(args[k][2] % 16 == 0 if k in args else True for k in _STRIDES),
+           tuple(args[k][3] if k in args else None for k in _STRIDES))
     hit = _FITS_CACHE.get(key)
     if hit is None:
         if family.name == "cpu":

@@ -36,11 +36,12 @@ class _Recorder:
 
 
 def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=128, decay=True,
-                    initial=True, state=True, device="meta"):
+                    initial=True, state=True, device="meta", family=None):
     """The (kernel, named arguments) pairs that ``method`` launches for one problem, without running them.
 
     On the ``meta`` device no memory is touched; the arguments carry the dtypes,
-    strides and sizes a real launch of that shape would have.
+    strides and sizes a real launch of that shape would have.  ``family``: the GPU
+    family whose schedule to record (default: the current device's).
     """
     from ..methods import Plan, builtin_methods
     from ..problem import make_problem
@@ -51,7 +52,7 @@ def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=1
     p, _ = make_problem(b, c, v, 0.9 if decay else None, initial_state=s0, return_state=state,
                         device_types=("meta",))
     spec = builtin_methods()[method]
-    plan = Plan(method, spec.launch, None, spec.schedule(p, current_family(), None))
+    plan = Plan(method, spec.launch, None, spec.schedule(p, family or current_family(), None))
     with _Recorder() as rec:
         plan.run(p, plan)
     return rec.calls

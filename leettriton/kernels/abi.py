@@ -1,10 +1,21 @@
 """Tile code shared by the kernels, and the launch arguments every kernel takes.
 
-Every kernel receives the same leading arguments (see :func:`problem_args`):
-pointers to b, c, v, the output, λ = log2 γ per head, the initial and the final
-state; the four strides of each; the sizes H, N, R, D; and the flags
-HAS_DECAY, HAS_INITIAL, STORE_STATE and DOT_PRECISION.  Kernels read strides,
-so any layout and any non-contiguous view runs without a copy.
+Every kernel receives the same leading arguments (see :func:`problem_args`)::
+
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
+    b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides, H, N, R, D,
+    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+
+pointers to b, c, v, the output, γ per head, the initial and the final state;
+the strides of each as a tuple (batch, head, row, column) -- for a state the
+rows are its r keys and the columns its d values; the sizes H, N, R, D; and the
+flags.  Triton flattens a tuple argument and specialises each stride as it
+would a separate integer argument (a stride of 1 becomes a constant, one
+divisible by 16 is marked so), so the compiled code is that of separate
+arguments.  Kernels read strides, so any layout and any non-contiguous view
+runs without a copy.  A kernel starts with :func:`batch_head` and
+:func:`head_ptrs` (or :func:`head_ptr`): its pointers moved to its batch
+element and head.
 """
 from __future__ import annotations
 
@@ -36,21 +47,22 @@ def _problem_args(p: Problem) -> dict:
     gamma = p.gamma if p.gamma is not None else p.out
     s0 = p.initial_state if p.initial_state is not None else p.out
     st = p.state if p.state is not None else p.out
-    sb, sc, sv, so, ss0, sst = (x.stride() for x in (p.b, p.c, p.v, p.out, s0, st))
     return dict(
         b_ptr=p.b, c_ptr=p.c, v_ptr=p.v, o_ptr=p.out, gamma_ptr=gamma, s0_ptr=s0, st_ptr=st,
-        stride_bb=sb[0], stride_bh=sb[1], stride_bn=sb[2], stride_bk=sb[3],
-        stride_cb=sc[0], stride_ch=sc[1], stride_cn=sc[2], stride_ck=sc[3],
-        stride_vb=sv[0], stride_vh=sv[1], stride_vn=sv[2], stride_vd=sv[3],
-        stride_ob=so[0], stride_oh=so[1], stride_on=so[2], stride_od=so[3],
-        stride_s0b=ss0[0], stride_s0h=ss0[1], stride_s0k=ss0[-2], stride_s0d=ss0[-1],
-        stride_stb=sst[0], stride_sth=sst[1], stride_stk=sst[-2], stride_std=sst[-1],
+        b_strides=strides(p.b), c_strides=strides(p.c), v_strides=strides(p.v), o_strides=strides(p.out),
+        s0_strides=strides(s0), st_strides=strides(st),
         H=H, N=n, R=r, D=d,
         HAS_DECAY=p.gamma is not None,
         HAS_INITIAL=p.initial_state is not None,
         STORE_STATE=p.state is not None,
         DOT_PRECISION=dot_precision(p),
     )
+
+
+def strides(x) -> tuple[int, ...]:
+    """The strides of ``x`` as a kernel takes them: (batch, head, row, column) of a 4-D tensor (the
+    stand-ins for absent states are 4-D as well), (batch, head, column) of a decode step's 3-D one."""
+    return tuple(x.stride())
 
 
 def dot_precision(p: Problem) -> str:
@@ -70,6 +82,26 @@ def pow2_at_least_16(x: int) -> int:
 
 
 # --------------------------------------------------------------------------- jit helpers
+
+@triton.jit
+def batch_head(i_bh, H):
+    """(batch, head) of the flat batch·head index ``i_bh``, as 64-bit integers: offsets across
+    batch·heads (batch·heads·n·d elements) may pass 2^31."""
+    return (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+
+
+@triton.jit
+def head_ptr(ptr, strides, i_b, i_h):
+    """``ptr`` moved to batch element ``i_b`` and head ``i_h`` (64-bit), by its ``strides`` tuple."""
+    return ptr + i_b * strides[0] + i_h * strides[1]
+
+
+@triton.jit
+def head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h):
+    """The pointers to b, c, v and the output moved to batch element ``i_b`` and head ``i_h``."""
+    return (head_ptr(b_ptr, b_strides, i_b, i_h), head_ptr(c_ptr, c_strides, i_b, i_h),
+            head_ptr(v_ptr, v_strides, i_b, i_h), head_ptr(o_ptr, o_strides, i_b, i_h))
+
 
 @triton.jit
 def mma(a, b, PRECISION: tl.constexpr):
@@ -110,6 +142,22 @@ def store_tile(ptr, value, rows, cols, stride_row, stride_col, n_rows, n_cols):
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     tl.store(ptr + rows[:, None] * stride_row + cols[None, :] * stride_col, round_to(value, ptr.dtype.element_ty),
              mask=mask)
+
+
+@triton.jit
+def masked_product(acc, b_ptr, c_ptr, v_ptr, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
+                   HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, BK: tl.constexpr):
+    """acc + ((b_i c_jᵀ) ⊙ M_ij) v_j: the decayed scores of rows ``o_i`` against the keys ``o_j``
+    (M[i, j] = γ^(i−j) for i ≥ j, else 0; b c over r in slices of BK), times those keys' values."""
+    o_k = tl.arange(0, BK)
+    scores = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
+    for k0 in range(0, R, BK):
+        b_bi = load_tile(b_ptr, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R)
+        b_cj = load_tile(c_ptr, o_j, k0 + o_k, c_strides[2], c_strides[3], N, R)
+        scores += mma(b_bi, tl.trans(b_cj), DOT_PRECISION)  # [BT, BK] @ [BK, BJ]
+    scores *= causal_decay(lam, o_i, o_j, HAS_DECAY)
+    b_vj = load_tile(v_ptr, o_j, o_v, v_strides[2], v_strides[3], N, D)
+    return acc + mma(scores.to(b_vj.dtype), b_vj, DOT_PRECISION)  # [BT, BJ] @ [BJ, BV]
 
 
 @triton.jit

@@ -28,7 +28,7 @@ import triton.language as tl
 from ..autotune import autotune, is_interpreting, launch
 from . import decode_space as spaces
 from ..autotune.sizing import cdiv
-from .abi import head_log2_gamma, step_decay
+from .abi import batch_head, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
 
 _KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY"]
 
@@ -37,38 +37,30 @@ _KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY"]
 @triton.jit(do_not_specialize=["BH_BUCKET"])
 def _decode_step_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bk, stride_cb, stride_ch, stride_ck, stride_vb, stride_vh, stride_vd,
-    stride_ob, stride_oh, stride_od, stride_sb, stride_sh, stride_sk, stride_sd,
-    H, R, D, BH_BUCKET,
+    b_strides, c_strides, v_strides, o_strides, st_strides, H, R, D, BH_BUCKET,
     HAS_DECAY: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
     # value tiles of one head are neighbours in launch order (they read the same b_t, c_t)
-    NV = tl.cdiv(D, BV)
-    i_v = tl.program_id(0) % NV
-    i_bh = tl.program_id(0) // NV
-    # 64-bit head offsets: batch · heads · r · d state elements may pass 2^31
-    i_b = (i_bh // H).to(tl.int64)
-    i_h = (i_bh % H).to(tl.int64)
-    b_ptr += i_b * stride_bb + i_h * stride_bh
-    c_ptr += i_b * stride_cb + i_h * stride_ch
-    v_ptr += i_b * stride_vb + i_h * stride_vh
-    o_ptr += i_b * stride_ob + i_h * stride_oh
-    st_ptr += i_b * stride_sb + i_h * stride_sh
+    i_v, i_bh = tl.program_id(0) % tl.cdiv(D, BV), tl.program_id(0) // tl.cdiv(D, BV)
+    # b_t, c_t, v_t, o_t: (batch, head, column) strides; the state (batch, head, key, value)
+    i_b, i_h = batch_head(i_bh, H)
+    p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
+    p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     # γ in two parts: decoding many tokens multiplies by γ as often as a recurrence does
     g_hi, g_lo = step_decay(lam)
 
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < D
-    b_v = tl.load(v_ptr + o_v * stride_vd, mask=m_v, other=0.0).to(tl.float32)
+    b_v = tl.load(p_v + o_v * v_strides[2], mask=m_v, other=0.0).to(tl.float32)
     acc = tl.zeros([BK, BV], dtype=tl.float32)
     for k0 in range(0, R, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < R
-        b_b = tl.load(b_ptr + o_k * stride_bk, mask=m_k, other=0.0).to(tl.float32)
-        b_c = tl.load(c_ptr + o_k * stride_ck, mask=m_k, other=0.0).to(tl.float32)
-        p_s = st_ptr + o_k[:, None] * stride_sk + o_v[None, :] * stride_sd
+        b_b = tl.load(p_b + o_k * b_strides[2], mask=m_k, other=0.0).to(tl.float32)
+        b_c = tl.load(p_c + o_k * c_strides[2], mask=m_k, other=0.0).to(tl.float32)
+        p_s = p_st + o_k[:, None] * st_strides[2] + o_v[None, :] * st_strides[3]
         m_s = m_k[:, None] & m_v[None, :]
         b_s = tl.load(p_s, mask=m_s, other=0.0)  # [BK, BV]
         if HAS_DECAY:
@@ -78,7 +70,7 @@ def _decode_step_kernel(
         tl.store(p_s, b_s, mask=m_s)
         acc += b_b[:, None] * b_s
     b_o = tl.sum(acc, axis=0)  # [BV] = b_t S over the keys
-    tl.store(o_ptr + o_v * stride_od, b_o.to(o_ptr.dtype.element_ty), mask=m_v)
+    tl.store(p_o + o_v * o_strides[2], b_o.to(o_ptr.dtype.element_ty), mask=m_v)
 
 
 def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
@@ -97,12 +89,8 @@ def decode_args(b_t, c_t, v_t, state, gamma, out) -> dict:
     B, H, r = b_t.shape
     return dict(
         b_ptr=b_t, c_ptr=c_t, v_ptr=v_t, o_ptr=out, gamma_ptr=out if gamma is None else gamma,
-        st_ptr=state,
-        stride_bb=b_t.stride(0), stride_bh=b_t.stride(1), stride_bk=b_t.stride(2),
-        stride_cb=c_t.stride(0), stride_ch=c_t.stride(1), stride_ck=c_t.stride(2),
-        stride_vb=v_t.stride(0), stride_vh=v_t.stride(1), stride_vd=v_t.stride(2),
-        stride_ob=out.stride(0), stride_oh=out.stride(1), stride_od=out.stride(2),
-        stride_sb=state.stride(0), stride_sh=state.stride(1), stride_sk=state.stride(2), stride_sd=state.stride(3),
+        st_ptr=state, b_strides=strides(b_t), c_strides=strides(c_t), v_strides=strides(v_t), o_strides=strides(out),
+        st_strides=strides(state),
         H=H, R=r, D=v_t.shape[-1], BH_BUCKET=(B * H).bit_length(),
         HAS_DECAY=gamma is not None,
     )

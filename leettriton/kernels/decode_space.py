@@ -44,14 +44,7 @@ _AXES = dict(BK=[16, 32, 64, 128, 256], BV=[4, 8, 16, 32, 64], num_warps=[2, 4, 
 
 STEP = KernelSpace(
     name="decode.step",
-    axes={
-        "default": _AXES,
-        "a6000": _AXES,
-        "a100": _AXES,
-        "ada": _AXES,
-        "h100": _AXES,
-        "h200": _AXES,
-    },
+    axes={family: _AXES for family in ("default", "a6000", "a100", "ada", "h100", "h200")},
     cpu=dict(BK=32, BV=32, num_warps=4, num_stages=1),  # loops over key tiles: exercises that path
     # b_t relaid out to the tile's rows, and the reduction over keys across warps (measured ≤ this)
     smem=lambda cfg, args: 4 * (cfg["BK"] + 8 * cfg["BV"]),

@@ -29,7 +29,7 @@ from ..problem import Problem
 from ..autotune import autotune, launch
 from . import segments_space as spaces
 from ..autotune.sizing import cdiv
-from .abi import decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from .abi import batch_head, decay, head_log2_gamma, head_ptr, load_tile, mma, problem_args, store_tile
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
 
@@ -37,12 +37,8 @@ _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
 @autotune(spaces.STATE, key=_KEY)
 @triton.jit(do_not_specialize=["N", "SEG", "NL"])
 def _segment_state_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS, NL,
     DIRECT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -54,10 +50,9 @@ def _segment_state_kernel(
     i_bh = i_bhl // NL
     i_s = i_bhl % NL
     i_bhs = i_bh * NS + i_s  # the segment's entry in the workspace
-    i_b = (i_bh // H).to(tl.int64)
-    i_h = (i_bh % H).to(tl.int64)
-    c_ptr += i_b * stride_cb + i_h * stride_ch
-    v_ptr += i_b * stride_vb + i_h * stride_vh
+    i_b, i_h = batch_head(i_bh, H)
+    p_c = head_ptr(c_ptr, c_strides, i_b, i_h)
+    p_v = head_ptr(v_ptr, v_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     t_start = i_s * SEG
@@ -67,8 +62,8 @@ def _segment_state_kernel(
     acc = tl.zeros([BK, BV], dtype=tl.float32)
     for t0 in range(t_start, t_end, BT):
         o_t = t0 + tl.arange(0, BT)
-        b_c = load_tile(c_ptr, o_t, o_k, stride_cn, stride_ck, t_end, R)
-        b_v = load_tile(v_ptr, o_t, o_v, stride_vn, stride_vd, t_end, D)
+        b_c = load_tile(p_c, o_t, o_k, c_strides[2], c_strides[3], t_end, R)
+        b_v = load_tile(p_v, o_t, o_v, v_strides[2], v_strides[3], t_end, D)
         # γ^(e−1−j) ≤ 1 for rows inside the segment; rows past its end load as zero
         col_decay = decay(lam, tl.maximum(t_end - 1 - o_t, 0), HAS_DECAY)
         b_c = (b_c * col_decay[:, None]).to(b_v.dtype)
@@ -77,10 +72,10 @@ def _segment_state_kernel(
     if DIRECT:
         # one segment: the final state itself
         if HAS_INITIAL:
-            s0_ptr += i_b * stride_s0b + i_h * stride_s0h
-            acc += load_tile(s0_ptr, o_k, o_v, stride_s0k, stride_s0d, R, D) * decay(lam, N, HAS_DECAY)
-        st_ptr += i_b * stride_stb + i_h * stride_sth
-        store_tile(st_ptr, acc, o_k, o_v, stride_stk, stride_std, R, D)
+            p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
+            acc += load_tile(p_s0, o_k, o_v, s0_strides[2], s0_strides[3], R, D) * decay(lam, N, HAS_DECAY)
+        p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
+        store_tile(p_st, acc, o_k, o_v, st_strides[2], st_strides[3], R, D)
     else:
         ws_ptr += i_bhs.to(tl.int64) * R * D
         store_tile(ws_ptr, acc, o_k, o_v, D, 1, R, D)
@@ -90,20 +85,15 @@ def _segment_state_kernel(
 @autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE"], restore_value=["ws_ptr"])
 @triton.jit(do_not_specialize=["N", "SEG", "NS"])
 def _segment_scan_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_bh = tl.program_id(0)
     i_k = tl.program_id(1)
     i_v = tl.program_id(2)
-    i_b = (i_bh // H).to(tl.int64)
-    i_h = (i_bh % H).to(tl.int64)
+    i_b, i_h = batch_head(i_bh, H)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -111,8 +101,8 @@ def _segment_scan_kernel(
     p_ws = ws_ptr + i_bh.to(tl.int64) * NS * R * D + o_k[:, None] * D + o_v[None, :]
 
     if HAS_INITIAL:
-        s0_ptr += i_b * stride_s0b + i_h * stride_s0h
-        b_s = load_tile(s0_ptr, o_k, o_v, stride_s0k, stride_s0d, R, D)
+        p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
+        b_s = load_tile(p_s0, o_k, o_v, s0_strides[2], s0_strides[3], R, D)
     else:
         b_s = tl.zeros([BK, BV], dtype=tl.float32)
     # every segment but the last is SEG rows long; each start state replaces the local state in place
@@ -128,8 +118,8 @@ def _segment_scan_kernel(
     tl.store(p_ws, b_s, mask=m_kv)
     if STORE_STATE:
         b_s = b_s * decay(lam, N - (NS - 1) * SEG, HAS_DECAY) + b_local
-        st_ptr += i_b * stride_stb + i_h * stride_sth
-        store_tile(st_ptr, b_s, o_k, o_v, stride_stk, stride_std, R, D)
+        p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
+        store_tile(p_st, b_s, o_k, o_v, st_strides[2], st_strides[3], R, D)
 
 
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:

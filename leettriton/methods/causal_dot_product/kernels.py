@@ -53,7 +53,7 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import head_log2_gamma, problem_args, step_decay, store_tile
+from ...kernels.abi import batch_head, head_log2_gamma, head_ptr, head_ptrs, problem_args, step_decay, store_tile
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "KW"]
 _MAX_OFFSET = 2**31 - 1
@@ -96,12 +96,8 @@ def _step(b_s, b_c, b_v, g_hi, g_lo, HAS_DECAY: tl.constexpr):
 @autotune(spaces.FWD, key=_KEY)
 @triton.jit(do_not_specialize=["N"])
 def _causal_dot_product_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     RW, stride_bnw, stride_cnw,
     BK: tl.constexpr, KW: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr,
@@ -111,12 +107,8 @@ def _causal_dot_product_fwd_kernel(
     i_v = tl.program_id(0) % NV
     i_bh = tl.program_id(0) // NV
     # 64-bit head offsets: batch · heads · n · r elements may pass 2^31
-    i_b = (i_bh // H).to(tl.int64)
-    i_h = (i_bh % H).to(tl.int64)
-    b_ptr += i_b * stride_bb + i_h * stride_bh
-    c_ptr += i_b * stride_cb + i_h * stride_ch
-    v_ptr += i_b * stride_vb + i_h * stride_vh
-    o_ptr += i_b * stride_ob + i_h * stride_oh
+    i_b, i_h = batch_head(i_bh, H)
+    p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     g_hi, g_lo = step_decay(lam)  # the decay of one step, exp2(λ · 1), in two parts
 
@@ -131,13 +123,13 @@ def _causal_dot_product_fwd_kernel(
     o_w = tl.arange(0, BKW)
     o_v = i_v * BV + tl.arange(0, BV)
     if KW == 2:  # the launcher checked: keys contiguous, rows and heads 4-byte aligned
-        b_ptr = b_ptr.to(tl.pointer_type(tl.int32))
-        c_ptr = c_ptr.to(tl.pointer_type(tl.int32))
+        p_b = p_b.to(tl.pointer_type(tl.int32))
+        p_c = p_c.to(tl.pointer_type(tl.int32))
         o_bw = o_w[:, None]  # [BKW, 1]
         o_cw = o_w[:, None]
     else:
-        o_bw = o_w[:, None] * stride_bk
-        o_cw = o_w[:, None] * stride_ck
+        o_bw = o_w[:, None] * b_strides[3]
+        o_cw = o_w[:, None] * c_strides[3]
     # A block is loaded as one [BKW, BT·BV] tile whose column j holds row j // BV of b (or c)
     # for value column j % BV: each row repeated over the value columns.  Words being its
     # only contiguous axis, coalescing puts a 16-byte vector of words in each thread, words
@@ -147,7 +139,7 @@ def _causal_dot_product_fwd_kernel(
     o_j = tl.arange(0, BT * BV)
     o_jt = o_j // BV
     o_jv = i_v * BV + o_j % BV
-    o_vv = o_jv[None, :] * stride_vd  # [1, BT * BV]
+    o_vv = o_jv[None, :] * v_strides[3]  # [1, BT * BV]
     m_w = o_w[:, None] < RW
     m_v = o_jv[None, :] < D
 
@@ -155,11 +147,10 @@ def _causal_dot_product_fwd_kernel(
     m_se = (o_w * KW < R)[:, None] & (o_v < D)[None, :]
     m_so = (o_w * KW + 1 < R)[:, None] & (o_v < D)[None, :]
     if HAS_INITIAL:
-        s0_ptr += i_b * stride_s0b + i_h * stride_s0h
-        p_s0 = s0_ptr + (o_w * KW)[:, None] * stride_s0k + o_v[None, :] * stride_s0d
+        p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h) + (o_w * KW)[:, None] * s0_strides[2] + o_v[None, :] * s0_strides[3]
         b_se = tl.load(p_s0, mask=m_se, other=0.0)
         if KW == 2:
-            b_so = tl.load(p_s0 + stride_s0k, mask=m_so, other=0.0)
+            b_so = tl.load(p_s0 + s0_strides[2], mask=m_so, other=0.0)
         else:
             b_so = tl.zeros([1, 1], dtype=tl.float32)
     else:
@@ -173,9 +164,9 @@ def _causal_dot_product_fwd_kernel(
     # through: otherwise LLVM narrows them back to 16 bits
     one = tl.minimum(N, 1).to(tl.float32)
     o_t = o_jt[None, :]  # [1, BT * BV]: the row of each column
-    n_b = tl.load(b_ptr + (o_bw + o_t * stride_bnw), mask=(o_t < N) & m_w, other=0)  # [BKW, BT * BV]
-    n_c = tl.load(c_ptr + (o_cw + o_t * stride_cnw), mask=(o_t < N) & m_w, other=0)
-    n_v = tl.load(v_ptr + (o_vv + o_t * stride_vn), mask=(o_t < N) & m_v, other=0.0).to(tl.float32) * one
+    n_b = tl.load(p_b + (o_bw + o_t * stride_bnw), mask=(o_t < N) & m_w, other=0)  # [BKW, BT * BV]
+    n_c = tl.load(p_c + (o_cw + o_t * stride_cnw), mask=(o_t < N) & m_w, other=0)
+    n_v = tl.load(p_v + (o_vv + o_t * v_strides[2]), mask=(o_t < N) & m_v, other=0.0).to(tl.float32) * one
     if KW == 1 and not IS_32:
         n_b = n_b.to(tl.float32) * one
         n_c = n_c.to(tl.float32) * one
@@ -186,9 +177,9 @@ def _causal_dot_product_fwd_kernel(
         # next block first: its loads are in flight while this block is processed (offsets
         # are recomputed from t0: kept as loop invariants they cost ~40 registers)
         o_tn = t0 + BT + o_jt[None, :]
-        n_b = tl.load(b_ptr + (o_bw + o_tn * stride_bnw), mask=(o_tn < N) & m_w, other=0)
-        n_c = tl.load(c_ptr + (o_cw + o_tn * stride_cnw), mask=(o_tn < N) & m_w, other=0)
-        n_v = tl.load(v_ptr + (o_vv + o_tn * stride_vn), mask=(o_tn < N) & m_v, other=0.0).to(tl.float32) * one
+        n_b = tl.load(p_b + (o_bw + o_tn * stride_bnw), mask=(o_tn < N) & m_w, other=0)
+        n_c = tl.load(p_c + (o_cw + o_tn * stride_cnw), mask=(o_tn < N) & m_w, other=0)
+        n_v = tl.load(p_v + (o_vv + o_tn * v_strides[2]), mask=(o_tn < N) & m_v, other=0.0).to(tl.float32) * one
         if KW == 1 and not IS_32:
             n_b = n_b.to(tl.float32) * one
             n_c = n_c.to(tl.float32) * one
@@ -213,14 +204,13 @@ def _causal_dot_product_fwd_kernel(
                 b_se = _step(b_se, w_c, b_v, g_h, g_l, HAS_DECAY)
                 b_ot = tl.sum(b_se * w_b, axis=0, keep_dims=True)  # [1, BV] = b_t S_t
             b_o = tl.where(o_i[:, None] == i, b_ot, b_o)
-        store_tile(o_ptr, b_o, t0 + o_i, o_v, stride_on, stride_od, N, D)
+        store_tile(p_o, b_o, t0 + o_i, o_v, o_strides[2], o_strides[3], N, D)
 
     if STORE_STATE:
-        st_ptr += i_b * stride_stb + i_h * stride_sth
-        p_st = st_ptr + (o_w * KW)[:, None] * stride_stk + o_v[None, :] * stride_std
+        p_st = head_ptr(st_ptr, st_strides, i_b, i_h) + (o_w * KW)[:, None] * st_strides[2] + o_v[None, :] * st_strides[3]
         tl.store(p_st, b_se, mask=m_se)
         if KW == 2:
-            tl.store(p_st + stride_stk, b_so, mask=m_so)
+            tl.store(p_st + st_strides[2], b_so, mask=m_so)
 
 
 def _keys_per_word(p: Problem) -> int:

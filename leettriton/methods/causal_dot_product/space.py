@@ -53,7 +53,8 @@ def keys_per_word(args) -> int:
     if elem_bytes(args) == 4 or args["R"] % 2:
         return 1
     for x in ("b", "c"):
-        if args.get(f"stride_{x}k", 1) != 1 or args.get(f"stride_{x}n", 2) % 2:
+        rows, keys = args.get(f"{x}_strides", (0, 0, 2, 1))[2:]
+        if keys != 1 or rows % 2:
             return 1
     return 2
 
@@ -71,7 +72,7 @@ def layout(cfg, args) -> dict:
     words = bk // kw
     word_bytes = 4 if kw == 2 else elem_bytes(args)
     row_words = -(-args["R"] // kw)
-    stride_words = args.get("stride_bn", 16 * kw) // kw
+    stride_words = args["b_strides"][2] // kw if "b_strides" in args else 16
     aligned = row_words % 16 == 0 and stride_words % 16 == 0
     vec_words = min(words, 16 // word_bytes) if aligned else 1
     lanes_k = min(32, words // vec_words)

@@ -84,7 +84,7 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import causal_decay, decay, head_log2_gamma, mma, problem_args
+from ...kernels.abi import batch_head, causal_decay, decay, head_log2_gamma, head_ptrs, mma, problem_args
 from ...kernels.segments import segment_start_states
 
 _KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION"]
@@ -103,12 +103,8 @@ def _operand(x, IN_DTYPE: tl.constexpr):
 @autotune(spaces.FWD, key=_KEY, restore_value=["ws_ptr"])
 @triton.jit(do_not_specialize=["N", "SEG", "NS"])
 def _fleet_attention_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -116,17 +112,18 @@ def _fleet_attention_fwd_kernel(
     i_v = tl.program_id(0)
     i_s = tl.program_id(1)
     i_bh = tl.program_id(2)
-    i_b = (i_bh // H).to(tl.int64)  # 64-bit: batch·heads·n·d may exceed 2^31 elements
-    i_h = (i_bh % H).to(tl.int64)
+    i_b, i_h = batch_head(i_bh, H)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
+    stride_bn, stride_bk, stride_cn, stride_ck = b_strides[2], b_strides[3], c_strides[2], c_strides[3]
+    stride_vn, stride_vd, stride_on, stride_od = v_strides[2], v_strides[3], o_strides[2], o_strides[3]
 
     # addresses from the segment's first row on (64-bit base, 32-bit offsets inside the segment)
     t_start = i_s * SEG
     seg_rows = tl.minimum(SEG, N - t_start)
-    b_ptr += i_b * stride_bb + i_h * stride_bh + t_start.to(tl.int64) * stride_bn
-    c_ptr += i_b * stride_cb + i_h * stride_ch + t_start.to(tl.int64) * stride_cn
-    v_ptr += i_b * stride_vb + i_h * stride_vh + t_start.to(tl.int64) * stride_vn
-    o_ptr += i_b * stride_ob + i_h * stride_oh + t_start.to(tl.int64) * stride_on
+    t_start64 = t_start.to(tl.int64)
+    p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
+    p_b, p_c = p_b + t_start64 * stride_bn, p_c + t_start64 * stride_cn
+    p_v, p_o = p_v + t_start64 * stride_vn, p_o + t_start64 * stride_on
 
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -144,19 +141,19 @@ def _fleet_attention_fwd_kernel(
         o_t = t0 + o_r
         m_t = o_t < seg_rows
         m_tv = m_t[:, None] & m_v[None, :]
-        b_v = _operand(tl.load(v_ptr + o_t[:, None] * stride_vn + o_v[None, :] * stride_vd, mask=m_tv, other=0.0),
+        b_v = _operand(tl.load(p_v + o_t[:, None] * stride_vn + o_v[None, :] * stride_vd, mask=m_tv, other=0.0),
                        IN_DTYPE)
         acc = tl.zeros([BT, BV], dtype=tl.float32)
         for k in range(0, R):
-            b_c = tl.load(c_ptr + o_t * stride_cn + k * stride_ck, mask=m_t, other=0.0)
-            b_b = tl.load(b_ptr + o_t * stride_bn + k * stride_bk, mask=m_t, other=0.0).to(tl.float32)
+            b_c = tl.load(p_c + o_t * stride_cn + k * stride_ck, mask=m_t, other=0.0)
+            b_b = tl.load(p_b + o_t * stride_bn + k * stride_bk, mask=m_t, other=0.0).to(tl.float32)
             b_carry = tl.load(p_ws + k * D + o_v, mask=m_v, other=0.0)
             # c ⊙ v: rounded once to float16 for float16 inputs, exact in float32 otherwise
             b_x = _operand(b_c, IN_DTYPE)[:, None] * b_v
             b_h = mma(b_l, b_x, DOT_PRECISION)                                # [BT, BT] @ [BT, BV]
             b_h += b_first[:, None] * b_carry[None, :]
             acc += b_b[:, None] * b_h
-        tl.store(o_ptr + o_t[:, None] * stride_on + o_v[None, :] * stride_od, acc.to(o_ptr.dtype.element_ty),
+        tl.store(p_o + o_t[:, None] * stride_on + o_v[None, :] * stride_od, acc.to(o_ptr.dtype.element_ty),
                  mask=m_tv)
         # the carries for the next block, BK ranks at a time: S ← γ^BT S + (c ⊙ w)ᵀ v.  The last
         # block of the segment (the only one that may be cut short) has no next block.
@@ -164,7 +161,7 @@ def _fleet_attention_fwd_kernel(
             for k0 in range(0, R, BK):
                 o_kk = k0 + o_k
                 m_kv = (o_kk < R)[:, None] & m_v[None, :]
-                b_ct = tl.load(c_ptr + o_t[:, None] * stride_cn + o_kk[None, :] * stride_ck,
+                b_ct = tl.load(p_c + o_t[:, None] * stride_cn + o_kk[None, :] * stride_ck,
                                mask=(o_kk < R)[None, :], other=0.0)             # [BT, BK]
                 b_ct = _operand(b_ct.to(tl.float32) * b_w[:, None], IN_DTYPE)
                 p_s = p_ws + o_kk[:, None] * D + o_v[None, :]

@@ -52,8 +52,8 @@ from ..spec import Plan
 from ...autotune import KernelSpace, autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import (causal_decay, decay, head_log2_gamma, load_tile, mma, pow2_at_least_16, problem_args,
-                      round_to, store_tile)
+from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, mma,
+                            pow2_at_least_16, problem_args, round_to, store_tile)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX"]
 
@@ -118,12 +118,8 @@ def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
 def _chunk_walk_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, RP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -142,17 +138,21 @@ def _chunk_walk_fwd_kernel(
     i_bhs = pid // nv
     i_s = i_bhs % NS
     i_bh = i_bhs // NS
-    i_b = (i_bh // H).to(tl.int64)
-    i_h = (i_bh % H).to(tl.int64)
+    i_b, i_h = batch_head(i_bh, H)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
+    stride_bn, stride_bk = b_strides[2], b_strides[3]
+    stride_cn, stride_ck = c_strides[2], c_strides[3]
+    stride_vn, stride_vd = v_strides[2], v_strides[3]
+    stride_on, stride_od = o_strides[2], o_strides[3]
 
     t_start = i_s * SEG
     t_end = tl.minimum(t_start + SEG, N)
     t_start64 = t_start.to(tl.int64)
-    p_b = b_ptr + i_b * stride_bb + i_h * stride_bh + t_start64 * stride_bn
-    p_c = c_ptr + i_b * stride_cb + i_h * stride_ch + t_start64 * stride_cn
-    p_v = v_ptr + i_b * stride_vb + i_h * stride_vh + t_start64 * stride_vn
-    p_o = o_ptr + i_b * stride_ob + i_h * stride_oh + t_start64 * stride_on
+    p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
+    p_b += t_start64 * stride_bn
+    p_c += t_start64 * stride_cn
+    p_v += t_start64 * stride_vn
+    p_o += t_start64 * stride_on
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -167,9 +167,9 @@ def _chunk_walk_fwd_kernel(
         stride_sk = D
         stride_sd = 1
     else:
-        p_s = s0_ptr + i_b * stride_s0b + i_h * stride_s0h
-        stride_sk = stride_s0k
-        stride_sd = stride_s0d
+        p_s = head_ptr(s0_ptr, s0_strides, i_b, i_h)
+        stride_sk = s0_strides[2]
+        stride_sd = s0_strides[3]
     s0 = _start_state(p_s, stride_sk, stride_sd, o_k, o_v, R, D, HAS_INITIAL, BK, BV)
     if NK >= 2:
         s1 = _start_state(p_s, stride_sk, stride_sd, BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
@@ -255,13 +255,13 @@ def _chunk_walk_fwd_kernel(
     # the final state: the walk of the last segment ends with it
     if STORE_STATE:
         if i_s == NS - 1:
-            p_st = st_ptr + i_b * stride_stb + i_h * stride_sth
-            _store_state(p_st, s0, stride_stk, stride_std, o_k, o_v, R, D)
+            p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
+            _store_state(p_st, s0, st_strides[2], st_strides[3], o_k, o_v, R, D)
             if NK >= 2:
-                _store_state(p_st, s1, stride_stk, stride_std, BK + o_k, o_v, R, D)
+                _store_state(p_st, s1, st_strides[2], st_strides[3], BK + o_k, o_v, R, D)
             if NK >= 4:
-                _store_state(p_st, s2, stride_stk, stride_std, 2 * BK + o_k, o_v, R, D)
-                _store_state(p_st, s3, stride_stk, stride_std, 3 * BK + o_k, o_v, R, D)
+                _store_state(p_st, s2, st_strides[2], st_strides[3], 2 * BK + o_k, o_v, R, D)
+                _store_state(p_st, s3, st_strides[2], st_strides[3], 3 * BK + o_k, o_v, R, D)
 
 
 def chunk_walk_kernel(space: KernelSpace):

@@ -67,7 +67,8 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from ...kernels.abi import (batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, masked_product, mma,
+                            problem_args, store_tile)
 from ...kernels.segments import final_state, segment_local_states
 
 
@@ -75,12 +76,8 @@ from ...kernels.segments import final_state, segment_local_states
 @autotune(spaces.LEVEL, key=["R", "D", "HAS_DECAY"], restore_value=["tree_ptr"])
 @triton.jit(do_not_specialize=["N", "NS", "SPAN", "LEAF"])
 def _recursion_level_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     tree_ptr, NS, SPAN, LEAF,
     BLOCK: tl.constexpr,
 ):
@@ -103,26 +100,16 @@ def _recursion_level_kernel(
 @autotune(spaces.FWD, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["N", "NS", "LEAF", "LEVELS"])
 def _recursion_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     tree_ptr, NS, LEAF, LEVELS,
     BT: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_t = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = (i_bh // H).to(tl.int64)  # 64-bit: batch·heads·n·d may exceed 2^31 elements
-    i_h = (i_bh % H).to(tl.int64)
+    i_t, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = batch_head(i_bh, H)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
-    b_ptr += i_b * stride_bb + i_h * stride_bh
-    c_ptr += i_b * stride_cb + i_h * stride_ch
-    v_ptr += i_b * stride_vb + i_h * stride_vh
-    o_ptr += i_b * stride_ob + i_h * stride_oh
+    p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     o_i = i_t * BT + tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -132,14 +119,8 @@ def _recursion_fwd_kernel(
     # the leaf: dense decayed product over its key blocks up to the tile's last row
     for j0 in range(leaf * LEAF, (i_t + 1) * BT, BJ):
         o_j = j0 + tl.arange(0, BJ)
-        scores = tl.zeros([BT, BJ], dtype=tl.float32)
-        for k0 in range(0, R, BK):
-            b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R)
-            b_c = load_tile(c_ptr, o_j, k0 + o_k, stride_cn, stride_ck, N, R)
-            scores += mma(b_b, tl.trans(b_c), DOT_PRECISION)  # [BT, BK] @ [BK, BJ]
-        scores *= causal_decay(lam, o_i, o_j, HAS_DECAY)
-        b_v = load_tile(v_ptr, o_j, o_v, stride_vn, stride_vd, N, D)
-        acc += mma(scores.to(b_v.dtype), b_v, DOT_PRECISION)  # [BT, BJ] @ [BJ, BV]
+        acc = masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
+                             HAS_DECAY, DOT_PRECISION, BK)
 
     # the levels: bit l of the leaf index set means the tile lies in the right half of a
     # segment at level l, whose left state sits in slot (first leaf of that half) − 1; row i
@@ -153,7 +134,7 @@ def _recursion_fwd_kernel(
         row_decay = decay(lam, o_i - q0 + 1, HAS_DECAY)
         p_tree = tree_ptr + i_bh.to(tl.int64) * NS * R * D
         if HAS_INITIAL:
-            s0_ptr += i_b * stride_s0b + i_h * stride_s0h
+            p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
         for k0 in range(0, R, BK):
             b_s = tl.zeros([BK, BV], dtype=tl.float32)
             for lev in range(0, LEVELS):
@@ -165,13 +146,13 @@ def _recursion_fwd_kernel(
                         b_left *= tl.exp2(lam * ((leaf - first) * LEAF).to(tl.float32))
                     b_s += b_left
             if HAS_INITIAL:
-                b_s0 = load_tile(s0_ptr, k0 + o_k, o_v, stride_s0k, stride_s0d, R, D)
+                b_s0 = load_tile(p_s0, k0 + o_k, o_v, s0_strides[2], s0_strides[3], R, D)
                 if HAS_DECAY:
                     b_s0 *= tl.exp2(lam * q0.to(tl.float32))
                 b_s += b_s0
-            b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R).to(tl.float32) * row_decay[:, None]
-            acc += mma(b_b, b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
-    store_tile(o_ptr, acc, o_i, o_v, stride_on, stride_od, N, D)
+            b_bi = load_tile(p_b, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R).to(tl.float32) * row_decay[:, None]
+            acc += mma(b_bi, b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+    store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 
 def _leaf_states(p: Problem, leaf: int, config: Mapping) -> torch.Tensor:

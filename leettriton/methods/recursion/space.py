@@ -71,11 +71,10 @@ def _fwd_fits(cfg, args) -> bool:
 def _rows_aligned(args) -> bool:
     """Whether Triton sees every row of b, c, v and the output aligned (row strides divisible by
     16 elements, the case it specialises), so that its loads are vectorised."""
-    rows = ("stride_bn", "stride_cn", "stride_vn", "stride_on")
-    inner = ("stride_bk", "stride_ck", "stride_vd", "stride_od")
-    if any(args.get(s, 1) != 1 for s in inner):
+    strides = [args[k] for k in ("b_strides", "c_strides", "v_strides", "o_strides") if k in args]
+    if any(s[3] != 1 for s in strides):
         return False
-    return all(args.get(s, 0) % 16 == 0 for s in rows)
+    return all(s[2] % 16 == 0 for s in strides)
 
 
 FWD = KernelSpace(

@@ -18,7 +18,8 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import causal_decay, decay, head_log2_gamma, load_tile, mma, problem_args, store_tile
+from ...kernels.abi import (batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, masked_product, mma,
+                            problem_args, store_tile)
 from ...kernels.segments import final_state
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"]
@@ -27,12 +28,8 @@ _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"]
 @autotune(spaces.FWD, key=_KEY)
 @triton.jit(do_not_specialize=["N"])
 def _vanilla_fwd_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr,
-    stride_bb, stride_bh, stride_bn, stride_bk, stride_cb, stride_ch, stride_cn, stride_ck,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,
-    stride_s0b, stride_s0h, stride_s0k, stride_s0d, stride_stb, stride_sth, stride_stk, stride_std,
-    H, N, R, D,
-    HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
+    H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # batch·heads·row tiles on the grid's first axis (the others are limited to 65535);
@@ -41,12 +38,8 @@ def _vanilla_fwd_kernel(
     i_bh = tl.program_id(0) // nt
     i_t = tl.program_id(0) % nt
     i_v = tl.program_id(1)
-    i_b = (i_bh // H).to(tl.int64)
-    i_h = (i_bh % H).to(tl.int64)
-    b_ptr += i_b * stride_bb + i_h * stride_bh
-    c_ptr += i_b * stride_cb + i_h * stride_ch
-    v_ptr += i_b * stride_vb + i_h * stride_vh
-    o_ptr += i_b * stride_ob + i_h * stride_oh
+    i_b, i_h = batch_head(i_bh, H)
+    p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     o_i = i_t * BT + tl.arange(0, BT)
@@ -56,24 +49,18 @@ def _vanilla_fwd_kernel(
     # key tiles strictly below the diagonal tile and the diagonal tile itself
     for j0 in range(0, (i_t + 1) * BT, BT):
         o_j = j0 + tl.arange(0, BT)
-        scores = tl.zeros([BT, BT], dtype=tl.float32)
-        for k0 in range(0, R, BK):
-            b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R)
-            b_c = load_tile(c_ptr, o_j, k0 + o_k, stride_cn, stride_ck, N, R)
-            scores += mma(b_b, tl.trans(b_c), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-        scores *= causal_decay(lam, o_i, o_j, HAS_DECAY)
-        b_v = load_tile(v_ptr, o_j, o_v, stride_vn, stride_vd, N, D)
-        acc += mma(scores.to(b_v.dtype), b_v, DOT_PRECISION)  # [BT, BT] @ [BT, BV]
+        acc = masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
+                             HAS_DECAY, DOT_PRECISION, BK)
 
     if HAS_INITIAL:
         # γ^(i+1) b_i S₀: the initial state as seen by row i
-        s0_ptr += i_b * stride_s0b + i_h * stride_s0h
+        p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
         row_decay = decay(lam, o_i + 1, HAS_DECAY)
         for k0 in range(0, R, BK):
-            b_b = load_tile(b_ptr, o_i, k0 + o_k, stride_bn, stride_bk, N, R).to(tl.float32)
-            b_s = load_tile(s0_ptr, k0 + o_k, o_v, stride_s0k, stride_s0d, R, D)
-            acc += mma(b_b * row_decay[:, None], b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
-    store_tile(o_ptr, acc, o_i, o_v, stride_on, stride_od, N, D)
+            b_bi = load_tile(p_b, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R).to(tl.float32)
+            b_s = load_tile(p_s0, k0 + o_k, o_v, s0_strides[2], s0_strides[3], R, D)
+            acc += mma(b_bi * row_decay[:, None], b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+    store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 
 def vanilla_fwd(p: Problem, plan: Plan) -> None:

@@ -10,7 +10,7 @@
   ``--hypothesis-profile=NAME``.
 * Every output the package allocates is filled with NaN first, so an element a
   kernel forgets to write fails the comparison.
-* A pinned config that does not fit its launch (``PinnedConfigWarning``) fails the test.
+* A pinned config that is not one of its family's configs (``PinnedConfigWarning``) fails the test.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if HAS_GPU else
 
 @pytest.fixture(autouse=True)
 def pinned_configs_must_fit():
-    """A pinned config that does not fit its launch is an error in the tests (a warning for users)."""
+    """A pinned config that is not one of its family's configs is an error in the tests (a warning for users)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", PinnedConfigWarning)
         yield

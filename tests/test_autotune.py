@@ -187,3 +187,43 @@ def test_config_fit_cache_tells_precisions_and_alignments_apart(monkeypatch):
     assert configs._fits(space, cfg, args) == space.fits(cfg, args)
     assert configs._fits(space, cfg, ieee) == space.fits(cfg, ieee)
     assert space.fits(cfg, args) != space.fits(cfg, ieee)   # the case the cache must not merge
+
+
+def _misfit_space():
+    from leettriton.autotune import KernelSpace
+
+    return KernelSpace(name="test.misfit", axes={"default": dict(BT=[64, 32], num_warps=[4], num_stages=[2])},
+                       cpu=dict(BT=16, num_warps=4, num_stages=1), smem=lambda cfg, args: 0,
+                       fits=lambda cfg, args: cfg["BT"] <= args["R"])
+
+
+def test_a_pinned_config_that_does_not_fit_is_replaced_and_a_foreign_one_is_named(monkeypatch):
+    from leettriton.autotune import configs
+
+    monkeypatch.setattr(configs, "current_family", lambda *a, **k: FAMILIES["h100"])
+    space, args = _misfit_space(), dict(R=40)
+    # one of the family's configs, measured where it fit: the family's first that fits here, no warning
+    # (a warning would be an error in this suite)
+    assert configs._replace_misfit(space, dict(BT=64, num_warps=4, num_stages=2), args) == dict(
+        BT=32, num_warps=4, num_stages=2)
+    # a config the family does not have (a file measured with other kernels): named, once
+    with pytest.raises(configs.PinnedConfigWarning, match="not one of its configs on the h100 family"):
+        configs._replace_misfit(space, dict(BT=128, num_warps=8, num_stages=2), args)
+
+
+def test_launch_replaces_a_pinned_config_only_when_it_does_not_fit(monkeypatch):
+    from leettriton.autotune import configs
+
+    monkeypatch.setattr(configs, "current_family", lambda *a, **k: FAMILIES["h100"])
+    launched = []
+
+    class Fn:
+        def __getitem__(self, grid):
+            return lambda **kw: launched.append({k: kw[k] for k in ("BT", "num_warps", "num_stages")})
+
+    class Kernel:
+        space, fn = _misfit_space(), Fn()
+
+    configs.launch(Kernel, (1,), dict(BT=64, num_warps=4, num_stages=2), R=100, D=8)
+    configs.launch(Kernel, (1,), dict(BT=64, num_warps=4, num_stages=2), R=40, D=8)
+    assert launched == [dict(BT=64, num_warps=4, num_stages=2), dict(BT=32, num_warps=4, num_stages=2)]

@@ -187,7 +187,7 @@ _STRIDES = ("b_strides", "c_strides", "v_strides", "o_strides")  # (batch, head,
 
 
 def _fits(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> bool:
-    """Whether ``config`` is one of the family's configs that fit this launch (cached per shape class:
+    """Whether ``config`` fits this launch on the current family (cached per shape class:
     the sizes r, d (and KW), the dot precision, the dtype of v, which rows are 16-element aligned
     and the inner strides -- what the spaces' ``smem`` and ``fits`` functions read besides the config)."""
     family = current_family()
@@ -219,26 +219,41 @@ def recording():
 
 
 class PinnedConfigWarning(UserWarning):
-    """A pinned config (from a heuristic file or a caller) does not fit the launch it was pinned for."""
+    """A pinned config (from a heuristic file or a caller) is not one of its kernel's configs on this family."""
 
 
 _WARNED: set = set()
+_MEMBERS: dict[tuple, frozenset] = {}
 
 
-def _warn_misfit(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> None:
-    """Say, once per kernel and config, that a pinned config does not fit and the kernel autotunes
-    instead (the test suite turns this warning into an error: docs/design.md §4)."""
-    key = (space.name, tuple(sorted(config.items())))
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
+def _in_family(space: KernelSpace, config: ConfigDict, family: Family) -> bool:
+    members = _MEMBERS.get((space.name, family.name))
+    if members is None:
+        members = _MEMBERS[(space.name, family.name)] = frozenset(
+            tuple(sorted(c.items())) for c in space.family_configs(family))
+    return tuple(sorted(config.items())) in members
+
+
+def _replace_misfit(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> ConfigDict:
+    """The config launched in place of a pinned ``config`` that does not fit this launch: the family's
+    first config that does (docs/design.md §4.4).
+
+    A heuristic file's nearest point may have been measured at another r or d, where its config fit:
+    that replacement is part of the documented lookup.  A config that is not one of the family's
+    at all means the file (or the caller) pinned a config of other kernels: a
+    :class:`PinnedConfigWarning` says so once per kernel and config (the test suite makes it an error).
+    """
     family = current_family()
-    warnings.warn(PinnedConfigWarning(
-        f"leettriton: the pinned config {dict(config)} of kernel '{space.name}' does not fit this launch "
-        f"(r = {args.get('R')}, d = {args.get('D')}, {getattr(args.get('v_ptr'), 'dtype', '?')}) on the "
-        f"{family.name} family; the kernel autotunes among the configs that fit instead. A heuristic file "
-        f"measured with other kernels may be stale: measure it again with `python -m leettriton.tune`."),
-        stacklevel=3)
+    if not _in_family(space, config, family):
+        key = (space.name, tuple(sorted(config.items())))
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(PinnedConfigWarning(
+                f"leettriton: the pinned config {dict(config)} of kernel '{space.name}' is not one of its "
+                f"configs on the {family.name} family (a heuristic file measured with other kernels?); the "
+                f"family's first config that fits runs instead. Measure the file again with "
+                f"`python -m leettriton.tune`."), stacklevel=4)
+    return space.usable(family, args)[0]
 
 
 def launch(kernel, grid, config: ConfigDict | None, **args):
@@ -246,15 +261,15 @@ def launch(kernel, grid, config: ConfigDict | None, **args):
 
     ``config`` (a dict such as a heuristic file holds) bypasses autotuning:
     the call costs one compile and no benchmarking.  A pinned config that does
-    not fit this launch is never swapped silently: a :class:`PinnedConfigWarning`
-    says so (once), and the kernel autotunes among the configs that fit.
+    not fit this launch is replaced by the family's first config that does
+    (:func:`_replace_misfit`), with a :class:`PinnedConfigWarning` when it is not
+    one of the family's configs at all.
     """
     log = getattr(_launch_log, "log", None)
     if log is not None:
         log.append((kernel, args))
     if config is not None and not _fits(kernel.space, config, args):
-        _warn_misfit(kernel.space, config, args)
-        config = None
+        config = _replace_misfit(kernel.space, config, args)
     if config is None:
         return _autotuned_launch(kernel, grid, args)
     meta = dict(config)

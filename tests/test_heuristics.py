@@ -37,7 +37,8 @@ def no_active_file():
 def test_lookup_exact_and_nearest(tmp_path):
     h = read_heuristics(write(tmp_path, [
         point(n=1024, best="vanilla"), point(n=65536, best="block_based"), point(bh=512, n=65536, best="fleet_attention"),
-        point(dtype="float32", n=1024, best="recursion"), point(decay=False, n=1024, best="causal_dot_product")]))
+        point(dtype="float32", n=1024, best="recursion"), point(decay=False, n=1024, best="causal_dot_product")]),
+        methods=leettriton.METHODS)
     assert h.lookup("float16", True, 128, 128, 32, 1024)[0] == "vanilla"            # exact
     assert h.lookup("float16", True, 128, 128, 32, 2000)[0] == "vanilla"            # nearest in log n
     assert h.lookup("float16", True, 128, 128, 32, 30000)[0] == "block_based"
@@ -77,7 +78,7 @@ def test_malformed_points(tmp_path, bad, why):
     p = point()
     p.update(bad)
     with pytest.raises(HeuristicsError, match=why):
-        read_heuristics(write(tmp_path, [p]))
+        read_heuristics(write(tmp_path, [p]), methods=leettriton.METHODS)
 
 
 def test_env_variable_with_corrupt_file_fails_clearly(tmp_path, monkeypatch):
@@ -106,10 +107,10 @@ def test_fallback_without_file():
 
 def test_fallback_rule_by_parallelism():
     b, c, v, g, _ = Case(1, 2, 300, 8, 128, gamma=0.9).tensors("meta")
-    p, _ = make_problem(b, c, v, g)
+    p, _ = make_problem(b, c, v, g, device_types=("meta",))
     assert fallback(p, FAMILIES["h100"]) == "block_based"        # 4 programs cannot fill 132 SMs
     b, c, v, g, _ = Case(16, 32, 300, 8, 128, gamma=0.9).tensors("meta")
-    p, _ = make_problem(b, c, v, g)
+    p, _ = make_problem(b, c, v, g, device_types=("meta",))
     assert fallback(p, FAMILIES["h100"]) == "lightning_attention"
 
 

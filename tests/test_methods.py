@@ -138,7 +138,7 @@ def test_fleet_attention_is_bitwise_deterministic():
     """Two runs on the same input give the same bits, across blocks and several segments: each
     program owns its output tiles and loops over the rank itself (no atomics, no races)."""
     from leettriton.autotune import current_family
-    from leettriton.autotune.spaces import fleet_attention as spaces
+    from leettriton.methods.fleet_attention import space as spaces
 
     n = 3000 if HAS_GPU else 300
     case = Case(1, 2, n, 33, 80, gamma="tensor", gammas=(0.99, 0.9), initial=True, return_state=True, seed=11)
@@ -156,7 +156,7 @@ def test_fleet_attention_segments_with_sliced_carries(dtype):
     """Several segments, an initial and a final state, r wider than one BK slice of the carry
     update and d wider than one value tile (both cut short): agreement with the oracle."""
     from leettriton.autotune import current_family
-    from leettriton.autotune.spaces import fleet_attention as spaces
+    from leettriton.methods.fleet_attention import space as spaces
 
     case = Case(1, 1, 300, 200, 150, dtype=dtype, gamma=0.95, initial=True, return_state=True, seed=17)
     b, c, v, gamma, s0 = case.tensors(DEVICE)

@@ -8,8 +8,16 @@
 measured by the same script): ``linear_attention`` with ``auto``, ``block_based`` and
 ``lightning_attention`` at the chunked bench's batch-1 and batch-16 shapes (heads 32,
 r = d = 128, float16 and bfloat16, decay 0.969 … 0.996 per head), and ``decode_step`` at
-batch 1 and 64 (from Python, so its host time counts).  ``triton.testing.do_bench``
-median; every cell is warmed up first.  Run it with ``LEETTRITON_AUTOTUNE=0`` so that
+batch 1 and 64.  Each cell is warmed up, then timed two ways:
+
+* ``gpu``: the call captured once in a CUDA graph, the graph's replay timed with
+  ``triton.testing.do_bench`` (median): the kernels' time alone, whatever the host does;
+* ``wall``: wall-clock time per call over a loop of calls from Python with one sync at the
+  end: what a caller sees, the host's time included (at short shapes, mostly the host's).
+
+(``do_bench`` on the Python call itself mixes the two: it clears the L2 cache with a memset
+before each call, and whether the host issues the call within that memset decides whether it
+reports the kernels' time or the host's; at short shapes it swings between them from run to run.)  Run it with ``LEETTRITON_AUTOTUNE=0`` so that
 both trees launch their family's first config for the explicit methods (``auto``
 launches the heuristic file's).  ``compare`` prints after ÷ before per cell, and, given a
 second "before" run, before₂ ÷ before₁: the noise between two runs of the same code.
@@ -24,6 +32,42 @@ SHAPES = [(1, 2048), (1, 8192), (1, 32768), (1, 100000), (16, 2048), (16, 8192),
 METHODS = ("auto", "block_based", "lightning_attention")
 DECODE_BATCHES = (1, 64)
 HEADS, R, D = 32, 128, 128
+
+
+def _time(fn, rep_ms: int) -> dict:
+    """``gpu``: median ms of the call's CUDA-graph replay; ``wall``: ms per call from Python, host included."""
+    import time
+
+    import torch
+    import triton
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            fn()                                   # on the capture stream once, as torch asks
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        q = triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    except Exception as exc:  # noqa: BLE001  (reported in the row; the wall-clock time still counts)
+        print(f"graph capture failed: {type(exc).__name__}: {exc}", flush=True)
+        q = [None, None, None]
+    calls = 0
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < rep_ms / 1000 or calls < 20:
+        fn()
+        calls += 1
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / calls * 1000
+    del graph
+    return dict(gpu_ms=q[0], gpu_p20=q[1], gpu_p80=q[2], wall_ms=wall, calls=calls)
 
 
 def measure(label: str, path: str, rep_ms: int) -> None:
@@ -43,11 +87,8 @@ def measure(label: str, path: str, rep_ms: int) -> None:
             v = torch.randn(batch, HEADS, n, D, device=dev, generator=gen, dtype=dtype)
             for method in METHODS:
                 fn = lambda: leettriton.linear_attention(b, c, v, gamma, method=method)  # noqa: E731
-                fn()
-                torch.cuda.synchronize()
-                q = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
                 rows.append(dict(kind="prefill", dtype=str(dtype)[6:], batch=batch, n=n, method=method,
-                                 ms=q[0], p20=q[1], p80=q[2]))
+                                 **_time(fn, rep_ms)))
                 print(f"{label} {rows[-1]}", flush=True)
             del b, c, v
         for batch in DECODE_BATCHES:
@@ -57,11 +98,8 @@ def measure(label: str, path: str, rep_ms: int) -> None:
             v_t = torch.randn(batch, HEADS, D, device=dev, generator=gen, dtype=dtype)
             state = torch.zeros(batch, HEADS, R, D, device=dev)
             fn = lambda: leettriton.decode_step(b_t, c_t, v_t, state, gamma)  # noqa: E731
-            fn()
-            torch.cuda.synchronize()
-            q = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
             rows.append(dict(kind="decode", dtype=str(dtype)[6:], batch=batch, n=1, method="decode_step",
-                             ms=q[0], p20=q[1], p80=q[2]))
+                             **_time(fn, rep_ms)))
             print(f"{label} {rows[-1]}", flush=True)
     env = dict(label=label, leettriton=leettriton.__file__, torch=torch.__version__, triton=triton.__version__,
                device=torch.cuda.get_device_name())
@@ -69,43 +107,47 @@ def measure(label: str, path: str, rep_ms: int) -> None:
         json.dump(dict(env=env, rows=rows), f, indent=1)
 
 
-def _cells(path: str) -> tuple[dict, dict]:
+def _cells(path: str, what: str) -> tuple[dict, dict]:
     with open(path) as f:
         data = json.load(f)
-    return data["env"], {(r["kind"], r["dtype"], r["batch"], r["n"], r["method"]): r["ms"] for r in data["rows"]}
+    return data["env"], {(r["kind"], r["dtype"], r["batch"], r["n"], r["method"]): r[what] for r in data["rows"]}
 
 
 def compare(before: str, after: str, before2: str | None, md: str | None) -> None:
-    env_b, b = _cells(before)
-    env_a, a = _cells(after)
-    b2 = _cells(before2)[1] if before2 else None
-    lines = [f"A/B on {env_a['device']} (torch {env_a['torch']}, triton {env_a['triton']}): "
-             f"before = {env_b['label']}, after = {env_a['label']}" + (", before₂ = a second run of before" if b2 else ""),
-             "", "| kind | dtype | batch × n | method | before ms | after ms | after ÷ before |"
-             + (" before₂ ÷ before |" if b2 else ""),
-             "|---|---|---|---|---|---|---|" + ("---|" if b2 else "")]
-    ratios, noise = [], []
-    for key in b:
-        if key not in a:
-            continue
-        kind, dtype, batch, n, method = key
-        ratio = a[key] / b[key]
-        ratios.append(ratio)
-        row = f"| {kind} | {dtype} | {batch} × {n} | {method} | {b[key]:.4f} | {a[key]:.4f} | {ratio:.3f} |"
-        if b2 and key in b2:
-            noise.append(b2[key] / b[key])
-            row += f" {noise[-1]:.3f} |"
-        lines.append(row)
-    lines += ["", f"after ÷ before: min {min(ratios):.3f}, median {sorted(ratios)[len(ratios) // 2]:.3f}, "
-                  f"max {max(ratios):.3f} over {len(ratios)} cells"]
-    if noise:
-        lines.append(f"before₂ ÷ before (noise): min {min(noise):.3f}, median {sorted(noise)[len(noise) // 2]:.3f}, "
-                     f"max {max(noise):.3f}")
-    text = "\n".join(lines)
-    print(text)
+    text = []
+    for what, title in (("gpu_ms", "GPU time of the call (CUDA-graph replay, do_bench median)"),
+                        ("wall_ms", "time per call from Python, host included (wall clock over a loop)")):
+        env_b, b = _cells(before, what)
+        env_a, a = _cells(after, what)
+        b2 = _cells(before2, what)[1] if before2 else None
+        lines = [f"### {title}", "",
+                 f"{env_a['device']} (torch {env_a['torch']}, triton {env_a['triton']}): before = {env_b['label']}, "
+                 f"after = {env_a['label']}" + (", before₂ = a second run of before" if b2 else ""), "",
+                 "| kind | dtype | batch × n | method | before ms | after ms | after ÷ before |"
+                 + (" before₂ ÷ before |" if b2 else ""),
+                 "|---|---|---|---|---|---|---|" + ("---|" if b2 else "")]
+        ratios, noise = [], []
+        for key in b:
+            if key not in a or a[key] is None or b[key] is None:
+                continue
+            kind, dtype, batch, n, method = key
+            ratio = a[key] / b[key]
+            ratios.append(ratio)
+            row = f"| {kind} | {dtype} | {batch} × {n} | {method} | {b[key]:.4f} | {a[key]:.4f} | {ratio:.3f} |"
+            if b2 and b2.get(key) is not None:
+                noise.append(b2[key] / b[key])
+                row += f" {noise[-1]:.3f} |"
+            lines.append(row)
+        lines += ["", f"after ÷ before: min {min(ratios):.3f}, median {sorted(ratios)[len(ratios) // 2]:.3f}, "
+                      f"max {max(ratios):.3f} over {len(ratios)} cells"]
+        if noise:
+            lines.append(f"before₂ ÷ before (noise): min {min(noise):.3f}, "
+                         f"median {sorted(noise)[len(noise) // 2]:.3f}, max {max(noise):.3f}")
+        text += lines + [""]
+    print("\n".join(text))
     if md:
         with open(md, "w") as f:
-            f.write(text + "\n")
+            f.write("\n".join(text))
 
 
 def main(argv=None) -> None:

@@ -25,6 +25,6 @@ python3 perf/ab_compare.py compare "$OUT/ab_before.json" "$OUT/ab_after.json" "$
 for side in before after; do
   tree=$BEFORE; [ "$side" = after ] && tree=$PWD
   echo "=== host time per call, $side"
-  PYTHONPATH="$tree" python3 perf/host_overhead.py --device cuda --calls 3000 \
-    --methods auto lightning_attention block_based decode_step 2>&1 | tee "$OUT/host_$side.log" | tail -n 8
+  PYTHONPATH="$tree" python3 perf/host_overhead.py --device cuda --calls 2000 \
+    --methods auto lightning_attention block_based decode_step --profile 2>&1 | tee "$OUT/host_$side.log" | tail -n 120
 done

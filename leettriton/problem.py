@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -59,7 +59,6 @@ class Problem:
     out: torch.Tensor
     state: Optional[torch.Tensor]
     precision: str
-    _log2_gamma: Optional[torch.Tensor] = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -73,13 +72,11 @@ class Problem:
 
     @property
     def log2_gamma(self) -> Optional[torch.Tensor]:
-        """λ = log2 γ, float32 ``(H,)`` (computed in float64 from :attr:`gamma`), or None: for the
-        PyTorch paths, which compute on the host's side of the call; kernels read :attr:`gamma`."""
+        """λ = log2 γ, float32 ``(H,)`` (computed in float64 from :attr:`gamma` at each access), or None:
+        for the PyTorch paths; the kernels read :attr:`gamma` itself."""
         if self.gamma is None:
             return None
-        if self._log2_gamma is None:
-            self._log2_gamma = torch.log2(self.gamma.to(torch.float64)).float()
-        return self._log2_gamma
+        return torch.log2(self.gamma.to(torch.float64)).float()
 
 
 # --------------------------------------------------------------------------- errors

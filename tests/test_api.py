@@ -45,8 +45,9 @@ def test_paper_spellings(alias, name):
 def test_method_functions_match_linear_attention():
     case = Case(2, 1, 33, 5, 7, gamma=0.8, initial=True, seed=4)
     b, c, v, gamma, s0 = case.tensors(DEVICE)
-    for name in BUILTINS:
+    for name in BUILTINS + [f"{m}_torch" for m in BUILTINS]:
         fn = getattr(leettriton, name)
+        assert fn.__name__ == name
         o1, s1 = fn(b, c, v, gamma, initial_state=s0, return_state=True)
         o2, s2 = leettriton.linear_attention(b, c, v, gamma, method=name, initial_state=s0, return_state=True)
         assert torch.equal(o1, o2) and torch.equal(s1, s2), name
@@ -147,3 +148,49 @@ def test_reference_matches_naive_recurrence():
         expect[:, :, t] = (b[:, :, t, :, None].double() * S).sum(-2)
     assert n > 1024  # exercises the chunked path
     assert (o - expect).abs().max() < 1e-9 and (s - S).abs().max() < 1e-9
+
+
+def test_methods_is_an_immutable_tuple_that_follows_registration():
+    assert isinstance(leettriton.METHODS, tuple)
+    leettriton.register_method("listed_for_test", lambda b, c, v, gamma: v)
+    try:
+        assert leettriton.METHODS[-1] == "listed_for_test"
+    finally:
+        leettriton.unregister_method("listed_for_test")
+    assert "listed_for_test" not in leettriton.METHODS
+
+
+def test_a_plain_four_argument_method_works_everywhere():
+    """One user-method contract (docs/design.md §6): gamma is None without decay, a float32 (heads,) tensor
+    with it; the same function serves linear_attention, causal_linear_decoder and benchmark_method."""
+    seen = []
+
+    def plain(b, c, v, gamma):
+        seen.append(None if gamma is None else (gamma.dtype, tuple(gamma.shape)))
+        return leettriton.reference(b, c, v, gamma).to(v.dtype)
+
+    leettriton.register_method("plain_for_test", plain)
+    try:
+        b, c, v, _, _ = Case(1, 2, 12, 3, 4, seed=11).tensors(DEVICE)
+        o = leettriton.linear_attention(b, c, v, method="plain_for_test")
+        assert_close(o, leettriton.reference(b, c, v), 1e-6, "plain method without decay")
+        o = leettriton.causal_linear_decoder(b, c, v, is_mask_weight=True, gamma=0.5, attn_method="plain_for_test")
+        assert_close(o, leettriton.reference(b, c, v, 0.5), 1e-6, "plain method through causal_linear_decoder")
+        assert seen == [None, (torch.float32, (2,))]
+        # a call that needs a keyword the function does not take is refused, not run without it
+        with pytest.raises(TypeError, match="method 'plain' was called with initial_state, but it takes no "
+                                            "'initial_state' keyword"):
+            leettriton.linear_attention(b, c, v, 0.5, method="plain_for_test",
+                                        initial_state=torch.zeros(1, 2, 3, 4, device=DEVICE))
+        with pytest.raises(TypeError, match="takes no 'return_state' keyword"):
+            leettriton.linear_attention(b, c, v, 0.5, method="plain_for_test", return_state=True)
+    finally:
+        leettriton.unregister_method("plain_for_test")
+
+
+def test_a_method_that_cannot_take_four_arguments_is_refused_at_registration():
+    with pytest.raises(TypeError, match=r"a method must take \(b, c, v, gamma\); 'f' takes 3"):
+        def f(b, c, v):
+            return v
+        leettriton.register_method("three_for_test", f)
+    assert "three_for_test" not in leettriton.METHODS

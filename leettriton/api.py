@@ -117,6 +117,32 @@ def decode_step(b_t, c_t, v_t, state, gamma=None):
         >>> o, state = leettriton.linear_attention(b, c, v, 0.99, return_state=True)   # prefill
         >>> o_t, state = leettriton.decode_step(b_t, c_t, v_t, state, 0.99)            # one token
     """
+    try:  # what the checks below read; a signature seen before needs none of them again
+        signature = (b_t.shape, c_t.shape, v_t.shape, state.shape, b_t.dtype, c_t.dtype, v_t.dtype, state.dtype,
+                     b_t.device, c_t.device, v_t.device, state.device, type(b_t), type(c_t), type(v_t), type(state))
+    except AttributeError:
+        signature = None
+    if signature is None or signature not in _CHECKED_DECODE_SIGNATURES:
+        _check_decode_step(b_t, c_t, v_t, state)
+        if signature is not None:
+            if len(_CHECKED_DECODE_SIGNATURES) >= 1024:
+                _CHECKED_DECODE_SIGNATURES.clear()
+            _CHECKED_DECODE_SIGNATURES.add(signature)
+    B, H, r = b_t.shape
+    d = v_t.shape[-1]
+    check_autograd(b_t, c_t, v_t, state, gamma)
+    gamma_h = resolve_gamma(gamma, H, v_t.device)
+    out = new_empty((B, H, d), v_t.dtype, v_t.device)
+    if B and H:
+        decode_step_impl(b_t, c_t, v_t, state, gamma_h, out)
+    return out, state
+
+
+_CHECKED_DECODE_SIGNATURES: set = set()
+
+
+def _check_decode_step(b_t, c_t, v_t, state) -> None:
+    """decode_step's checks of its tensors (anything else: gamma, autograd, is checked on every call)."""
     b_t = check_tensor("b_t", b_t)
     c_t = check_tensor("c_t", c_t)
     v_t = check_tensor("v_t", v_t)
@@ -136,12 +162,6 @@ def decode_step(b_t, c_t, v_t, state, gamma=None):
     d = v_t.shape[-1]
     check_dims(r, d, "decode_step")
     check_state("state", state, (B, H, r, d), v_t.device)
-    check_autograd(b_t, c_t, v_t, state, gamma)
-    gamma_h = resolve_gamma(gamma, H, v_t.device)
-    out = new_empty((B, H, d), v_t.dtype, v_t.device)
-    if B and H:
-        decode_step_impl(b_t, c_t, v_t, state, gamma_h, out)
-    return out, state
 
 
 def causal_linear_decoder(B, C, V, is_mask_weight: bool = False, gamma=None, attn_method: Optional[str] = None):

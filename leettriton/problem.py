@@ -211,6 +211,8 @@ def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint: str = ""
         if gamma.device != device:
             raise ValueError(f"gamma must be on the inputs' device {device}, got {gamma.device}")
         _CHECKED.check(gamma)
+        if gamma.dim() == 1 and gamma.is_contiguous():
+            return gamma  # the kernels only read it (a gamma that requires grad was refused before)
         return gamma.detach().reshape(heads).contiguous()  # a copy only for a strided gamma: made per call
     g = float(gamma)
     if math.isnan(g) or not (0.0 < g <= 1.0):

@@ -31,6 +31,7 @@ import sys
 SHAPES = [(1, 2048), (1, 8192), (1, 32768), (1, 100000), (16, 2048), (16, 8192), (16, 25600)]
 METHODS = ("auto", "block_based", "lightning_attention")
 DECODE_BATCHES = (1, 64)
+DECODE_ONLY_BATCHES = (1, 16, 64, 256)
 HEADS, R, D = 32, 128, 128
 
 
@@ -70,7 +71,7 @@ def _time(fn, rep_ms: int) -> dict:
     return dict(gpu_ms=q[0], gpu_p20=q[1], gpu_p80=q[2], wall_ms=wall, calls=calls)
 
 
-def measure(label: str, path: str, rep_ms: int) -> None:
+def measure(label: str, path: str, rep_ms: int, decode_only: bool = False) -> None:
     import torch
     import triton
 
@@ -80,7 +81,7 @@ def measure(label: str, path: str, rep_ms: int) -> None:
     gamma = 1 - torch.exp2(-5 - torch.arange(HEADS, device=dev, dtype=torch.float32) * 3 / (HEADS - 1))
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
-        for batch, n in SHAPES:
+        for batch, n in ([] if decode_only else SHAPES):
             gen = torch.Generator(device=dev).manual_seed(n + batch)
             b, c = (torch.randn(batch, HEADS, n, R, device=dev, generator=gen, dtype=dtype) * R ** -0.5
                     for _ in range(2))
@@ -91,7 +92,7 @@ def measure(label: str, path: str, rep_ms: int) -> None:
                                  **_time(fn, rep_ms)))
                 print(f"{label} {rows[-1]}", flush=True)
             del b, c, v
-        for batch in DECODE_BATCHES:
+        for batch in (DECODE_ONLY_BATCHES if decode_only else DECODE_BATCHES):
             gen = torch.Generator(device=dev).manual_seed(batch)
             b_t, c_t = (torch.randn(batch, HEADS, R, device=dev, generator=gen, dtype=dtype) * R ** -0.5
                         for _ in range(2))
@@ -157,6 +158,7 @@ def main(argv=None) -> None:
     m.add_argument("--label", required=True)
     m.add_argument("--json", required=True)
     m.add_argument("--rep-ms", type=int, default=200)
+    m.add_argument("--decode-only", action="store_true", help="decode_step alone, at batch 1, 16, 64 and 256")
     c = sub.add_parser("compare")
     c.add_argument("before")
     c.add_argument("after")
@@ -164,7 +166,7 @@ def main(argv=None) -> None:
     c.add_argument("--md")
     args = ap.parse_args(argv)
     if args.cmd == "measure":
-        measure(args.label, args.json, args.rep_ms)
+        measure(args.label, args.json, args.rep_ms, args.decode_only)
     else:
         compare(args.before, args.after, args.before2, args.md)
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import triton
+from triton import knobs
 
 from .families import FAMILIES, Family, current_family, is_interpreting
 
@@ -306,3 +307,49 @@ def chosen_config(kernel) -> dict[str, int] | None:
     """The config the autotuner of ``kernel`` ran last, as a dict (``None`` before any run)."""
     best = getattr(kernel, "best_config", None)
     return None if best is None else config_dict(best)
+
+
+class CompiledLaunches:
+    """The compiled kernels of one autotuned kernel by a caller's specialisation key, launched directly.
+
+    A launch through Triton's ``JITFunction.run`` binds and specialises every argument, hashes the
+    result and looks the compiled kernel up again on every call: tens of microseconds of host time,
+    more than a one-token decode step takes on the GPU.  A caller that can name, in one hashable key,
+    everything Triton specialises a kernel on -- each tensor's dtype and 16-byte alignment, the value
+    of each specialised integer (sizes, strides), the flags -- and everything the config choice depends
+    on (the autotune key), launches the first call of each key through :func:`launch` (autotuning or
+    pinned config, compile), keeps the compiled kernel, its config and its grid, and launches every later
+    call of the key straight through the compiled kernel's launcher, on the current device's current
+    stream (docs/design.md §4.5).  The key must also fix the grid.  Under the interpreter there is
+    nothing compiled: every call goes through :func:`launch`.
+    """
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.arg_names = tuple(kernel.fn.arg_names)
+        self.compiled: dict[Any, tuple] = {}
+
+    def launch(self, key, grid, config: ConfigDict | None, args: dict) -> None:
+        """Launch with named arguments ``args`` (no config entries); ``grid(meta)`` as for :func:`launch`."""
+        if is_interpreting():
+            launch(self.kernel, grid, config, **args)
+            return
+        device = torch.cuda.current_device()
+        hit = self.compiled.get((device, key))
+        if hit is None:
+            if config is not None and not _fits(self.kernel.space, config, args):
+                config = _replace_misfit(self.kernel.space, config, args)
+            kernel = launch(self.kernel, grid, config, **args)
+            ran = config if config is not None else chosen_config(self.kernel)
+            if kernel is not None and ran is not None and hasattr(kernel, "run"):
+                meta = {k: v for k, v in ran.items() if k not in ("num_warps", "num_stages")}
+                grid_now = tuple(grid(meta) if callable(grid) else grid)
+                self.compiled[(device, key)] = (kernel, meta, grid_now + (1,) * (3 - len(grid_now)))
+            return
+        kernel, meta, (g0, g1, g2) = hit
+        values = [args[name] if name in args else meta[name] for name in self.arg_names]
+        runtime = knobs.runtime
+        stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's own launch path uses
+        metadata = None if runtime.launch_enter_hook is None else kernel.launch_metadata((g0, g1, g2), stream, *values)
+        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, metadata,
+                   runtime.launch_enter_hook, runtime.launch_exit_hook, *values)

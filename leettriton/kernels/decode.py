@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..autotune import autotune, is_interpreting, launch
+from ..autotune import autotune, is_interpreting
+from ..autotune.configs import CompiledLaunches
 from . import decode_space as spaces
 from ..autotune.sizing import cdiv
 from .abi import batch_head, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
@@ -73,6 +74,11 @@ def _decode_step_kernel(
     tl.store(p_o + o_v * o_strides[2], b_o.to(o_ptr.dtype.element_ty), mask=m_v)
 
 
+_LAUNCHES = CompiledLaunches(_decode_step_kernel)
+"""decode_step's compiled kernels by shape, strides and alignment: one token is launched straight
+through the compiled kernel (its host time is the hot loop of generation)."""
+
+
 def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
     """The same step in PyTorch, for CPU tensors outside the interpreter (float64 inside, one rounding)."""
     new = c_t.double().unsqueeze(-1) * v_t.double().unsqueeze(-2)
@@ -111,4 +117,10 @@ def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, st
     args = decode_args(b_t, c_t, v_t, state, gamma, out)
     d, bh = v_t.shape[-1], v_t.shape[0] * v_t.shape[1]
     grid = lambda meta: (cdiv(d, meta["BV"]) * bh,)  # noqa: E731
-    launch(_decode_step_kernel, grid, (config or {}).get(spaces.STEP.name), **args)
+    pinned = (config or {}).get(spaces.STEP.name)
+    # everything the compiled kernel and its config depend on: sizes, strides, dtypes, 16-byte alignment
+    tensors = (b_t, c_t, v_t, out, args["gamma_ptr"], state)
+    key = (bh, args["H"], args["R"], d, args["b_strides"], args["c_strides"], args["v_strides"], args["o_strides"],
+           args["st_strides"], v_t.dtype, None if gamma is None else gamma.dtype,
+           tuple(x.data_ptr() % 16 == 0 for x in tensors), None if pinned is None else tuple(sorted(pinned.items())))
+    _LAUNCHES.launch(key, grid, pinned, args)

@@ -328,10 +328,12 @@ class CompiledLaunches:
         self.kernel = kernel
         self.arg_names = tuple(kernel.fn.arg_names)
         self.compiled: dict[Any, tuple] = {}
+        # Triton chose the interpreter or the compiler when the kernel was decorated: that cannot change
+        self.interpreted = is_interpreting()
 
     def launch(self, key, grid, config: ConfigDict | None, args: dict) -> None:
         """Launch with named arguments ``args`` (no config entries); ``grid(meta)`` as for :func:`launch`."""
-        if is_interpreting():
+        if self.interpreted:
             launch(self.kernel, grid, config, **args)
             return
         device = torch.cuda.current_device()

@@ -331,12 +331,14 @@ class CompiledLaunches:
         # Triton chose the interpreter or the compiler when the kernel was decorated: that cannot change
         self.interpreted = is_interpreting()
 
-    def launch(self, key, grid, config: ConfigDict | None, args: dict) -> None:
-        """Launch with named arguments ``args`` (no config entries); ``grid(meta)`` as for :func:`launch`."""
-        if self.interpreted:
+    def launch(self, key, grid, config: ConfigDict | None, args: dict, device: torch.device) -> None:
+        """Launch with named arguments ``args`` (no config entries) on tensors of ``device``; ``grid(meta)``
+        as for :func:`launch`.  Tensors that are not on a CUDA device (the ``meta`` device of the launch
+        recorder) go through :func:`launch`, as under the interpreter."""
+        if self.interpreted or device.type != "cuda":
             launch(self.kernel, grid, config, **args)
             return
-        device = torch.cuda.current_device()
+        device = torch._C._cuda_getDevice()  # the current device, which Triton launches on (CUDA is up)
         hit = self.compiled.get((device, key))
         if hit is None:
             if config is not None and not _fits(self.kernel.space, config, args):

@@ -123,4 +123,4 @@ def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, st
     key = (bh, args["H"], args["R"], d, args["b_strides"], args["c_strides"], args["v_strides"], args["o_strides"],
            args["st_strides"], v_t.dtype, None if gamma is None else gamma.dtype,
            tuple(x.data_ptr() % 16 == 0 for x in tensors), None if pinned is None else tuple(sorted(pinned.items())))
-    _LAUNCHES.launch(key, grid, pinned, args)
+    _LAUNCHES.launch(key, grid, pinned, args, state.device)

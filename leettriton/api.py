@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import torch
-
 from . import registry
 from .compat import decoder_arguments
 from .kernels.decode import decode_step_impl

@@ -73,8 +73,6 @@ divided by a decay.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
-
 import torch
 import triton
 import triton.language as tl

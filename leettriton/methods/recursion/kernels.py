@@ -56,7 +56,7 @@ multiplied by γ^h, never divided.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Mapping
 
 import torch
 import triton

@@ -20,7 +20,7 @@ __all__ = [
     "to_bhnd", "new_empty", "MAX_DIM", "DTYPES", "LAYOUTS", "PRECISIONS",
 ]
 
-MAX_DIM = 256
+MAX_DIM = 1024
 """Largest r and d the kernels support (non powers of two are masked)."""
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

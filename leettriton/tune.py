@@ -26,7 +26,7 @@ import torch
 
 from .methods import BUILTIN_METHODS
 from .plan import run_problem
-from .problem import make_problem
+from .problem import MAX_DIM, make_problem
 from .autotune import KERNELS, chosen_config, current_family, recording
 from .autotune.families import FAMILIES
 from .autotune.heuristics import FORMAT, default_path
@@ -110,8 +110,8 @@ def select_grid(opts) -> dict:
         pairs = []
         for item in opts.rd.split(","):
             parts = item.lower().split("x")
-            if len(parts) != 2 or not all(x.strip().isdigit() and 1 <= int(x) <= 256 for x in parts):
-                raise ValueError(f"--rd must be comma-separated RxD pairs with R, D in 1..256, got {opts.rd!r}")
+            if len(parts) != 2 or not all(x.strip().isdigit() and 1 <= int(x) <= MAX_DIM for x in parts):
+                raise ValueError(f"--rd must be comma-separated RxD pairs with R, D in 1..{MAX_DIM}, got {opts.rd!r}")
             pairs.append([int(parts[0]), int(parts[1])])
         grid["rd"] = pairs
     return grid

@@ -50,6 +50,20 @@ def test_decode_steps_equal_prefill_and_oracle(case):
     assert_close(state, prefill_state, 2 * tol, "decoded state vs prefill")
 
 
+@pytest.mark.parametrize("r,d", [(300, 20), (24, 520), (1024, 8)], ids=["r300", "d520", "r1024"])
+def test_decode_wide_dims(r, d):
+    """Keys and values past 256: whole-r key tiles up to 1024, any number of value tiles."""
+    B, H, n = 1, 2, 3
+    b, c, v = tokens(B, H, n, r, d, torch.float16, 11)
+    gamma = torch.tensor([0.9, 1.0], device=DEVICE)
+    s0 = torch.randn(B, H, r, d, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    state = s0.clone()
+    outs = [leettriton.decode_step(b[:, :, t], c[:, :, t], v[:, :, t], state, gamma)[0] for t in range(n)]
+    ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
+    assert_close(torch.stack(outs, dim=2), ref, tolerance(torch.float16), f"decode r={r} d={d}")
+    assert_close(state, ref_state, tolerance(torch.float16), f"decoded state r={r} d={d}")
+
+
 @pytest.mark.parametrize("method", ["auto", "lightning_attention", "causal_dot_product", "fleet_attention"])
 def test_prefill_then_decode_continues(method):
     """Prefill a prompt with return_state, then generate: the same as one pass over everything."""

@@ -7,9 +7,11 @@ with no change here.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import leettriton
@@ -88,6 +90,31 @@ NAMED = [
 @pytest.mark.parametrize("method", METHODS)
 def test_named_cases(method, case):
     check_against_oracle(method, case)
+
+
+WIDE = [
+    Case(1, 1, 12, 300, 40, gamma=0.9, initial=True, return_state=True),   # r past the walk's 256: two pieces
+    Case(1, 2, 10, 24, 600, dtype=torch.float16, layout="bnhd", gamma="tensor", gammas=(0.99, 0.5)),
+    Case(1, 1, 9, 513, 130, dtype=torch.bfloat16, noncontiguous=True, gamma=1.0, initial=True,
+         return_state=True),                                                 # three pieces, the last 1 wide
+    Case(1, 2, 16 if not HAS_GPU else 300, 256, 512, dtype=torch.float16, gamma="tensor", gammas=(0.97, 0.999),
+         initial=True, return_state=True),                                   # RetNet-1.3B's head
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in WIDE])
+@pytest.mark.parametrize("method", METHODS)
+def test_wide_dims(method, case):
+    """r and d past 256 (up to problem.MAX_DIM): the walk runs r in pieces, the others tile it."""
+    check_against_oracle(method, case)
+
+
+@settings(max_examples=2 if not HAS_GPU else 10)
+@pytest.mark.parametrize("method", METHODS)
+@given(case=cases(max_n=12 if not HAS_GPU else MAX_N), r=st.integers(257, 1024), d=st.integers(257, 1024))
+def test_wide_dims_match_oracle(method, case, r, d):
+    check_against_oracle(method, dataclasses.replace(case, B=1, H=1, gamma=None if case.gamma == "tensor" else case.gamma,
+                                                     gammas=(), r=r, d=d))
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 from conftest import DEVICE
 from leettriton.kernels.abi import log2_float64
+from leettriton.problem import MAX_DIM
 
 
 def inputs(B=1, H=2, n=8, r=4, d=5, dtype=torch.float32, device=DEVICE):
@@ -78,10 +79,10 @@ def test_mismatched_devices():
             call(v=torch.empty(v.shape, device="meta"))
 
 
-@pytest.mark.parametrize("r,d,what", [(257, 8, "r"), (8, 300, "d")])
+@pytest.mark.parametrize("r,d,what", [(MAX_DIM + 1, 8, "r"), (8, MAX_DIM + 1, "d")])
 def test_dims_over_limit(r, d, what):
     b, c, v = inputs(r=r, d=d)
-    with pytest.raises(NotImplementedError, match=f"{what} .* exceeds the supported maximum of 256"):
+    with pytest.raises(NotImplementedError, match=f"{what} .* exceeds the supported maximum of {MAX_DIM}"):
         call(b=b, c=c, v=v)
 
 
@@ -213,7 +214,7 @@ def test_other_entry_points_validate(kind):
     ("state_dtype", TypeError, "state must be float32"),
     ("v_heads", ValueError, "v_t must match b_t in batch and heads"),
     ("gamma", ValueError, r"gamma must lie in \(0, 1\]"),
-    ("big", NotImplementedError, "exceeds the supported maximum of 256"),
+    ("big", NotImplementedError, f"exceeds the supported maximum of {MAX_DIM}"),
 ])
 def test_decode_step_bad_input(bad, err, msg):
     B, H, r, d = 2, 3, 4, 5
@@ -232,8 +233,8 @@ def test_decode_step_bad_input(bad, err, msg):
     elif bad == "gamma":
         gamma = 0.0
     elif bad == "big":
-        v_t = torch.randn(B, H, 257, device=DEVICE)
-        state = torch.zeros(B, H, r, 257, device=DEVICE)
+        v_t = torch.randn(B, H, MAX_DIM + 1, device=DEVICE)
+        state = torch.zeros(B, H, r, MAX_DIM + 1, device=DEVICE)
     before = state.clone()
     with pytest.raises(err, match=msg):
         leettriton.decode_step(b_t, c_t, v_t, state, gamma)

@@ -40,7 +40,7 @@ def _step_fits(cfg, args) -> bool:
     return per_thread >= 8 or cfg["BV"] == _bv_cap(args)
 
 
-_AXES = dict(BK=[16, 32, 64, 128, 256], BV=[4, 8, 16, 32, 64], num_warps=[2, 4, 8], num_stages=[1])
+_AXES = dict(BK=[16, 32, 64, 128, 256, 512, 1024], BV=[4, 8, 16, 32, 64], num_warps=[2, 4, 8], num_stages=[1])
 
 STEP = KernelSpace(
     name="decode.step",

@@ -29,14 +29,20 @@ from ...problem import Problem
 from ..spec import Plan
 from . import space as spaces
 from ...kernels.segments import segment_local_states, segment_start_states
-from ..lightning_attention.kernels import chunk_walk_kernel, launch_chunk_walk
+from ...kernels.pieces import in_r_pieces
+from ..lightning_attention.kernels import WALK_MAX_R, chunk_walk_kernel, launch_chunk_walk
 
 _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
 
 
 def block_based_fwd(p: Problem, plan: Plan) -> None:
     """Launch the segment states and the segment-parallel chunk walk for ``p`` with the plan's
-    configs and schedule (``seg_len``, ``prefix``: :func:`space.schedule`)."""
+    configs and schedule (``seg_len``, ``prefix``: :func:`space.schedule`); r > 256 in pieces of r
+    (kernels/pieces.py)."""
+    in_r_pieces(p, WALK_MAX_R, lambda piece: _block_based_fwd(piece, plan))
+
+
+def _block_based_fwd(p: Problem, plan: Plan) -> None:
     n = p.shape[2]
     config = plan.configs
     seg_len = plan.schedule["seg_len"]

@@ -52,6 +52,7 @@ from ..spec import Plan
 from ...autotune import KernelSpace, autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
+from ...kernels.pieces import in_r_pieces
 from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, mma,
                             pow2_at_least_16, problem_args, round_to, store_tile)
 
@@ -301,6 +302,12 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
            SEGMENTED=segmented, PREFIX=prefix, RP=pow2_at_least_16(r))
 
 
+WALK_MAX_R = 256
+"""Widest r one walk program holds: its transposed state is at most four [BV, 64] register tiles.
+A wider r runs as pieces of r whose outputs are summed (kernels/pieces.py)."""
+
+
 def lightning_attention_fwd(p: Problem, plan: Plan) -> None:
-    """Launch the fused chunk walk for ``p`` with the plan's configs."""
-    launch_chunk_walk(_lightning_attention_fwd_kernel, spaces.FWD, p, plan.configs)
+    """Launch the fused chunk walk for ``p`` with the plan's configs (r > 256: in pieces of r)."""
+    in_r_pieces(p, WALK_MAX_R, lambda piece: launch_chunk_walk(_lightning_attention_fwd_kernel, spaces.FWD,
+                                                               piece, plan.configs))

@@ -69,8 +69,11 @@ class LinearAttentionFunction(torch.autograd.Function):
                     dc = op(v.flip(axis), do_rev, b_rev, gamma).flip(axis)
                 if need_v or need_s0:
                     res = op(c.flip(axis), b_rev, do_rev, gamma, return_state=need_s0)
+                    del b_rev, do_rev                          # each copy freed as soon as it is used: peak memory
                     rev, state_rev = res if need_s0 else (res, None)
+                    del res
                     dv = rev.flip(axis) if need_v else None
+                    del rev
         if grad_state is not None or state_rev is not None:
             heads, n = to_bhnd(b, layout).shape[1:3]
             lam = _log2_gamma(gamma, heads, v.device)

@@ -6,15 +6,19 @@ Each validates its call once (problem.py), resolves the registered method name
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Optional
 
+import torch
+
 from . import registry
+from .autograd import attach_backward
 from .compat import decoder_arguments
 from .kernels.decode import decode_step_impl
 from .methods import builtin_methods
 from .plan import run_problem
-from .problem import (check_autograd, check_dims, check_state, check_tensor, make_problem, new_empty,
-                      resolve_gamma)
+from .problem import (check_autograd, check_constant_gamma, check_dims, check_state, check_tensor, make_problem,
+                      new_empty, requires_grad, resolve_gamma)
 
 __all__ = ["linear_attention", "decode_step", "method_function", "causal_linear_decoder"]
 
@@ -47,6 +51,12 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     Returns:
         The output, dtype and layout of ``v``; with ``return_state=True``, ``(output, state)``.
 
+    Autograd: when b, c, v or ``initial_state`` requires grad, the output (and the returned state)
+    is differentiable for every method.  The backward is three more calls of the same method
+    (``auto`` chooses again for each), and only the inputs are kept for it; the ``_torch`` methods
+    are differentiated by PyTorch's autograd itself (docs/design.md §10).  γ is a constant: a
+    gamma that requires grad raises ``NotImplementedError``.
+
     Example::
 
         >>> b = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.float16)
@@ -55,10 +65,21 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
         >>> o, s = leettriton.linear_attention(b, c, v, 0.99, return_state=True)
     """
     name = registry.canonical_method(method)
+    if requires_grad(b, c, v, initial_state, gamma):
+        check_constant_gamma(gamma)
+        if registry.torch_method(name) is None or _is_empty(b):
+            op = partial(linear_attention, method=name, layout=layout, precision=precision)
+            return attach_backward(op, b, c, v, gamma, layout=layout, initial_state=initial_state,
+                                   return_state=return_state)
     p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
-                          precision=precision)
+                          precision=precision, differentiable=registry.torch_method(name) is not None)
     run_problem(p, name)
     return (out, p.state) if return_state else out
+
+
+def _is_empty(x) -> bool:
+    """An empty problem runs no method, so its output would not join the graph: it takes the autograd node."""
+    return isinstance(x, torch.Tensor) and x.numel() == 0
 
 
 def _method_function(name: str) -> Callable:
@@ -128,7 +149,8 @@ def decode_step(b_t, c_t, v_t, state, gamma=None):
             _CHECKED_DECODE_SIGNATURES.add(signature)
     B, H, r = b_t.shape
     d = v_t.shape[-1]
-    check_autograd(b_t, c_t, v_t, state, gamma)
+    check_constant_gamma(gamma)
+    check_autograd("decode_step", b_t, c_t, v_t, state)
     gamma_h = resolve_gamma(gamma, H, v_t.device)
     out = new_empty((B, H, d), v_t.dtype, v_t.device)
     if B and H:

@@ -17,7 +17,8 @@ import torch
 
 __all__ = [
     "Problem", "make_problem", "check_tensor", "check_dims", "check_device", "resolve_gamma", "type_name",
-    "to_bhnd", "new_empty", "MAX_DIM", "DTYPES", "LAYOUTS", "PRECISIONS",
+    "to_bhnd", "new_empty", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
+    "LAYOUTS", "PRECISIONS",
 ]
 
 MAX_DIM = 1024
@@ -131,11 +132,26 @@ def check_state(name: str, state, shape: tuple, device: torch.device, optional: 
         raise ValueError(f"{name} must be on the inputs' device {device}, got {state.device}")
 
 
-def check_autograd(*tensors) -> None:
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+def requires_grad(*tensors) -> bool:
+    """Whether grad mode is on and one of ``tensors`` requires grad (a gradient will be asked for)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def check_autograd(where: str, *tensors) -> None:
+    """Refuse a call of an entry point without a backward (``where``) whose inputs require grad."""
+    if requires_grad(*tensors):
         raise RuntimeError(
-            "leettriton computes the forward pass only: an input requires grad, but no backward is "
-            "implemented. Run under torch.no_grad() / torch.inference_mode(), or detach the inputs.")
+            f"{where} computes the forward pass only: an input requires grad, but {where} has no backward. "
+            f"Run under torch.no_grad() / torch.inference_mode(), or detach the inputs.")
+
+
+def check_constant_gamma(gamma) -> None:
+    """γ is a constant: a gamma tensor that requires grad (with grad mode on) is refused, naming the feature."""
+    if requires_grad(gamma):
+        raise NotImplementedError(
+            "gamma requires grad, but leettriton treats the decay γ as a constant: gradients with respect to "
+            "gamma (a learnable decay) are not implemented. Pass gamma.detach() (gradients still flow to b, c, v "
+            "and initial_state).")
 
 
 # --------------------------------------------------------------------------- gamma
@@ -244,11 +260,16 @@ def _other_layout_hint(layout: str, b: torch.Tensor, gamma) -> str:
 
 def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
                  precision: Optional[str] = None, where: str = "linear_attention",
-                 device_types: tuple[str, ...] = DEVICE_TYPES) -> tuple[Problem, torch.Tensor]:
+                 device_types: tuple[str, ...] = DEVICE_TYPES,
+                 differentiable: bool = False) -> tuple[Problem, torch.Tensor]:
     """Validate a call and build its :class:`Problem`.
 
     ``device_types`` other than CPU and CUDA serve the package's own tools alone (the
     ``meta`` device, to record the launches of a shape without running them).
+    ``differentiable=True``: the inputs may require grad, because the caller computes with
+    operations autograd records (the PyTorch methods, the oracle); otherwise a call whose
+    inputs require grad is refused (a kernel launched on them would return an output without a
+    ``grad_fn``).  A gamma that requires grad is refused either way (docs/design.md §10).
 
     Returns the problem and the output tensor in the caller's layout (the
     problem's ``out`` is a view of it).  Raises ``TypeError``/``ValueError`` for
@@ -270,7 +291,9 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be None, 'ieee' or 'tf32', got {precision!r}")
     check_bool("return_state", return_state)
-    check_autograd(b, c, v, initial_state, gamma)
+    check_constant_gamma(gamma)
+    if not differentiable:
+        check_autograd(where, b, c, v, initial_state)
 
     bb, cc, vv = to_bhnd(b, layout), to_bhnd(c, layout), to_bhnd(v, layout)
     B, H, n, r = bb.shape

@@ -67,21 +67,25 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
     Returns:
         The float64 output in the inputs' layout; with ``return_state=True``,
         ``(output, state)`` with the float64 final state ``(batch, heads, r, d)``.
+
+    Differentiable: when b, c, v or ``initial_state`` requires grad, autograd records the float64
+    computation, so its gradients are the oracle's gradients (γ stays a constant).  Give it float32
+    copies of 16-bit inputs to get them back in float32.
     """
     check_bool("return_state", return_state)
     p, _ = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=False,
-                        precision=precision, where="reference")
+                        precision=precision, where="reference", differentiable=True)
     B, H, n, r, d = p.shape
     dev = torch.device(device) if device is not None else p.v.device
     lam = None
     if p.gamma is not None:
         lam = torch.log2(_gamma64(gamma, H, dev))
-    state = None if initial_state is None else initial_state.detach().to(device=dev, dtype=torch.float64)
+    state = None if initial_state is None else initial_state.to(device=dev, dtype=torch.float64)
     out = torch.empty((B, H, n, d), dtype=torch.float64, device=dev)
     step = max(n, 1) if n <= DENSE_MAX_N else CHUNK
     for t0 in range(0, n, step):
         sl = slice(t0, min(n, t0 + step))
-        bb, cc, vv = (x[:, :, sl].detach().to(device=dev, dtype=torch.float64) for x in (p.b, p.c, p.v))
+        bb, cc, vv = (x[:, :, sl].to(device=dev, dtype=torch.float64) for x in (p.b, p.c, p.v))
         out[:, :, sl], state = _chunk(bb, cc, vv, lam, state)
     if state is None:
         state = torch.zeros((B, H, r, d), dtype=torch.float64, device=dev)

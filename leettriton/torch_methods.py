@@ -8,7 +8,8 @@ the sequence (never batch, heads or single rows), and nothing synchronises with
 the host, so the same code runs on CPU and CUDA tensors.
 
 Numerics: everything is computed in float32 (16-bit inputs are upcast, the
-output is cast back on the final copy).  Every decay factor is
+output is cast back on the final copy).  Autograd records every operation, so
+the methods are differentiable as they stand (docs/design.md §10.2).  Every decay factor is
 exp2(λ · distance) with distance ≥ 0, so it lies in (0, 1]; a decay is never
 divided by and γ^(−j) is never formed.  Per batch element and head, with rows
 b_t, c_t of B, C and v_t of V, the building blocks are (docs/design.md §3)
@@ -48,8 +49,13 @@ _LEAF = 64              # recursion: leaf length
 # --------------------------------------------------------------------------- shared helpers
 
 def _inputs(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """b, c, v in float32 (16-bit inputs upcast; float32 views pass through uncopied)."""
-    return p.b.float(), p.c.float(), p.v.float()
+    """b, c, v in float32 (16-bit inputs upcast; float32 views pass through uncopied).
+
+    float64 tensors stay float64: the package's gradient checks hand the methods float64 problems
+    (``torch.autograd.gradcheck``; the public functions take 16- and 32-bit inputs only).
+    """
+    dtype = torch.promote_types(p.v.dtype, torch.float32)
+    return p.b.to(dtype), p.c.to(dtype), p.v.to(dtype)
 
 
 def _lam(lam: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -316,12 +322,12 @@ def fleet_attention_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     T = _FLEET_ROWS
     G = max(1, min(r, _BUDGET // (B * H * T * d)))
     pos = torch.arange(T, device=v.device)
-    mask = _causal_decay(lam, pos, pos, 4)
-    S = (p.initial_state.clone() if p.initial_state is not None
-         else torch.zeros(B, H, r, d, dtype=torch.float32, device=v.device))
+    mask = _causal_decay(lam, pos, pos, 4).to(v.dtype)
+    S = (p.initial_state.to(v.dtype, copy=True) if p.initial_state is not None
+         else torch.zeros(B, H, r, d, dtype=v.dtype, device=v.device))
     for t0 in range(0, n, T):
         m = min(n, t0 + T) - t0
-        o = torch.zeros(B, H, m, d, dtype=torch.float32, device=v.device)
+        o = torch.zeros(B, H, m, d, dtype=v.dtype, device=v.device)
         for k0 in range(0, r, G):
             g = min(r, k0 + G) - k0
             cv = c[:, :, t0:t0 + m, k0:k0 + g, None] * v[:, :, t0:t0 + m, None, :]   # [B, H, m, g, d]

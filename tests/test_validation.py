@@ -185,13 +185,25 @@ def test_return_state_not_bool():
 
 
 def test_autograd_guard():
+    """decode_step has no backward (it updates the state in place): it refuses inputs that require grad;
+    linear_attention differentiates them; a gamma that requires grad is refused by both (docs/design.md §10)."""
     b, c, v = inputs()
     b.requires_grad_(True)
-    with pytest.raises(RuntimeError, match="forward pass only: an input requires grad"):
-        call(b=b)
+    state = torch.zeros(1, 2, 4, 5, device=DEVICE)
+    with pytest.raises(RuntimeError, match="decode_step computes the forward pass only: an input requires grad"):
+        leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, 0.9)
+    assert call(b=b).grad_fn is not None
     with torch.no_grad():
         out = call(b=b)
     assert out.grad_fn is None and torch.isfinite(out).all()
+    gamma = torch.full((2,), 0.9, device=DEVICE, requires_grad=True)
+    for run in (lambda: call(gamma=gamma), lambda: call(b=b.detach(), gamma=gamma),
+                lambda: leettriton.decode_step(b[:, :, 0].detach(), c[:, :, 0], v[:, :, 0], state, gamma),
+                lambda: leettriton.reference(b, c, v, gamma)):
+        with pytest.raises(NotImplementedError, match="gradients with respect to gamma .* are not implemented"):
+            run()
+    with torch.no_grad():
+        assert torch.isfinite(call(b=b, gamma=gamma)).all()   # no gradient asked for: γ is read as it is
 
 
 @pytest.mark.parametrize("kind", ["decode", "method_fn", "reference"])

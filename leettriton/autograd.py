@@ -1,0 +1,133 @@
+"""The backward pass: the operator's gradients as three more calls of the operator (docs/design.md §10).
+
+With do = ∂L/∂O and dS = ∂L/∂S_{n−1} (the returned final state's gradient, or none), per batch
+element and head:
+
+    db_i  = Σ_{j ≤ i} γ^(i−j) (do_i · v_j) c_j + γ^(i+1) do_i S₀ᵀ
+    dc_j  = Σ_{i ≥ j} γ^(i−j) (do_i · v_j) b_i + γ^(n−1−j) v_j dSᵀ
+    dv_j  = Σ_{i ≥ j} γ^(i−j) (b_i · c_j) do_i + γ^(n−1−j) c_j dS
+    dS₀   = γ Σ_i γ^i b_iᵀ do_i + γ^n dS
+
+db is the operator itself with (b, c, v, S₀) = (do, v, c, S₀ᵀ).  dc and dv are the operator run
+backwards in time: with rows reversed (flip along n), i ≥ j becomes i' ≤ j', so
+dc = flip(LA(flip(v), flip(do), flip(b))) and dv = flip(LA(flip(c), flip(b), flip(do))); the reversed
+dv call's final state is Σ_i γ^i b_iᵀ do_i, which gives dS₀.  The terms in dS are one product each.
+Every decay factor is exp2(λ · distance) with distance ≥ 0: nothing is divided by a decay.
+
+So every method -- and ``auto``, which chooses again for each of the three calls -- has a backward
+with no kernel of its own, and the only tensors kept from the forward are its inputs.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .problem import resolve_gamma, to_bhnd
+
+__all__ = ["LinearAttentionFunction", "attach_backward"]
+
+Operator = Callable
+"""``op(b, c, v, gamma, *, initial_state=None, return_state=False)`` -> ``o`` or ``(o, state)``: the
+forward operator with its method, layout and precision fixed (``functools.partial`` of
+``linear_attention``), called by the forward and by each of the three calls of the backward."""
+
+
+class LinearAttentionFunction(torch.autograd.Function):
+    """O (and the final state) as an autograd node whose backward is three calls of the same operator.
+
+    ``apply(b, c, v, initial_state, gamma, op, layout, return_state)``: b, c, v in ``layout``;
+    initial_state ``(batch, heads, r, d)`` or None; gamma as ``linear_attention`` takes it (a constant);
+    ``op`` the :data:`Operator`.  Saves b, c, v, the initial state and a gamma tensor; nothing else.
+    """
+
+    @staticmethod
+    def forward(ctx, b, c, v, initial_state, gamma, op: Operator, layout: str, return_state: bool):
+        ctx.set_materialize_grads(False)  # a gradient that is not given (an unused output) is None, not zeros
+        result = op(b, c, v, gamma, initial_state=initial_state, return_state=return_state)
+        ctx.op, ctx.layout = op, layout
+        ctx.gamma = None if isinstance(gamma, torch.Tensor) else gamma
+        ctx.save_for_backward(b, c, v, initial_state, gamma if isinstance(gamma, torch.Tensor) else None)
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_state=None):
+        b, c, v, s0, gamma_tensor = ctx.saved_tensors
+        gamma = ctx.gamma if gamma_tensor is None else gamma_tensor
+        op, layout = ctx.op, ctx.layout
+        need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[:4]
+        axis = 2 if layout == "bhnd" else 1           # the sequence axis in the caller's layout
+        do = None if grad_out is None else grad_out.contiguous()   # a gradient may come expanded (stride 0)
+
+        db = dc = dv = ds0 = state_rev = None
+        if do is not None:
+            if need_b:
+                db = op(do, v, c, gamma, initial_state=None if s0 is None else s0.transpose(-1, -2))
+            if need_c or need_v or need_s0:
+                b_rev, do_rev = b.flip(axis), do.flip(axis)    # copies (docs/design.md §10.3)
+                if need_c:
+                    dc = op(v.flip(axis), do_rev, b_rev, gamma).flip(axis)
+                if need_v or need_s0:
+                    res = op(c.flip(axis), b_rev, do_rev, gamma, return_state=need_s0)
+                    del b_rev, do_rev                          # each copy freed as soon as it is used: peak memory
+                    rev, state_rev = res if need_s0 else (res, None)
+                    del res
+                    dv = rev.flip(axis) if need_v else None
+                    del rev
+        if grad_state is not None or state_rev is not None:
+            heads, n = to_bhnd(b, layout).shape[1:3]
+            lam = _log2_gamma(gamma, heads, v.device)
+            if grad_state is not None:
+                if need_c:
+                    dc = _add_state_term(dc, v, grad_state.transpose(-1, -2), lam, layout, c.dtype)
+                if need_v:
+                    dv = _add_state_term(dv, c, grad_state, lam, layout, v.dtype)
+            if need_s0:
+                ds0 = _initial_state_grad(state_rev, grad_state, lam, n)
+        return db, dc, dv, ds0, None, None, None, None
+
+
+def _log2_gamma(gamma, heads: int, device) -> Optional[torch.Tensor]:
+    """λ = log2 γ in float64, ``(heads,)``, or None without decay."""
+    g = resolve_gamma(gamma, heads, device)
+    return None if g is None else torch.log2(g.detach().to(torch.float64))
+
+
+def _decay(lam: Optional[torch.Tensor], dist: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """exp2(λ · dist) shaped ``(1, heads, len(dist), 1)`` in ``dtype`` (dist ≥ 0), or None without decay."""
+    if lam is None:
+        return None
+    return torch.exp2(lam.view(1, -1, 1, 1) * dist.to(torch.float64).view(1, 1, -1, 1)).to(dtype)
+
+
+def _add_state_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tensor, lam, layout: str,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """``grad`` + γ^(n−1−j) x_j ds (x: the caller's ``(·, n, ·)`` tensor, ds ``(B, H, ·, ·)``), cast to ``dtype``.
+
+    The sum is formed in float32 (float64 for float64 states) and rounded once.
+    """
+    acc = torch.promote_types(ds.dtype, torch.float32)
+    xb = to_bhnd(x, layout).to(acc)
+    n = xb.shape[2]
+    w = _decay(lam, torch.arange(n - 1, -1, -1, device=x.device), acc)        # γ^(n−1−j)
+    term = (xb if w is None else xb * w) @ ds.to(acc)                           # [B, H, n, ·] @ [B, H, ·, ·]
+    term = to_bhnd(term, layout)                                                # the caller's layout
+    if grad is not None:
+        term = term + grad.to(acc)
+    return term.to(dtype)
+
+
+def _initial_state_grad(state_rev: Optional[torch.Tensor], ds: Optional[torch.Tensor], lam, n: int) -> torch.Tensor:
+    """dS₀ = γ · Σ_i γ^i b_iᵀ do_i + γ^n dS (either part may be absent)."""
+    parts = []
+    if state_rev is not None:
+        parts.append(state_rev if lam is None else state_rev * _decay(lam, torch.ones(1, device=lam.device),
+                                                                      state_rev.dtype))
+    if ds is not None:
+        parts.append(ds if lam is None else ds * _decay(lam, torch.full((1,), n, device=lam.device), ds.dtype))
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def attach_backward(op: Operator, b, c, v, gamma, *, layout: str, initial_state, return_state: bool):
+    """``op``'s result (o, or (o, state)) as outputs of a :class:`LinearAttentionFunction` node."""
+    return LinearAttentionFunction.apply(b, c, v, initial_state, gamma, op, layout, return_state)

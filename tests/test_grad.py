@@ -1,0 +1,266 @@
+"""Gradients: every method's backward against the float64 oracle's autograd (docs/design.md §10).
+
+Each registered method (the Triton kernels -- under the interpreter on a CPU-only machine --, their
+PyTorch versions, ``auto``) is differentiated on small problems and compared with the gradients
+autograd takes through the float64 oracle, under the forward's tolerance table.  The loss weighs the
+output and the final state with random weights (in the inputs' dtype, so 16-bit weights are exact):
+a gradient that is flipped in time, transposed, or missing a term cannot pass.  Kept small, because
+the CPU suite runs it in CI under Triton's interpreter.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import leettriton
+from conftest import DEVICE, HAS_GPU
+from helpers import Case, assert_close, tolerance
+from leettriton.autograd import LinearAttentionFunction
+from leettriton.methods import BUILTIN_METHODS
+from leettriton.problem import Problem, resolve_gamma, to_bhnd
+
+METHODS = list(leettriton.METHODS)
+MAX_N = 200 if HAS_GPU else 40
+MAX_DIM = 130 if HAS_GPU else 20
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+NAMED_GAMMAS = [1.0, 0.999, 0.5, 0.01]
+EXAMPLES = max(2, settings.default.max_examples // 4)
+"""Hypothesis examples per method: a quarter of the profile's (each example runs four calls)."""
+INPUTS = "bcvs"   # b, c, v, initial state
+
+
+def loss_weights(case: Case, out_shape, seed: int):
+    """Random weights of the output (in the inputs' dtype, exact in 16 bits) and of the final state (float32)."""
+    g = torch.Generator().manual_seed(seed)
+    w_out = torch.randn(out_shape, generator=g).to(device=DEVICE, dtype=case.dtype)
+    w_state = torch.randn(case.B, case.H, case.r, case.d, generator=g).to(DEVICE)
+    return w_out, w_state
+
+
+def gradients(run, tensors: dict, needs: str, w_out, w_state, out_loss: bool, state_loss: bool, acc: torch.dtype):
+    """Gradients of Σ w_out·o + Σ w_state·state (accumulated in ``acc``) for the inputs named in ``needs``."""
+    leaves = {k: x.requires_grad_(k in needs) for k, x in tensors.items() if x is not None}
+    out, state = run(**leaves)
+    loss = torch.zeros((), dtype=acc, device=DEVICE)
+    if out_loss:
+        loss = loss + (out.to(acc) * w_out.to(acc)).sum()
+    if state_loss:
+        loss = loss + (state.to(acc) * w_state.to(acc)).sum()
+    wanted = [k for k in INPUTS if k in needs and k in leaves]
+    if not loss.requires_grad:  # the oracle's empty output (n = 0) is not in the graph: its gradients are zero
+        return {k: torch.zeros_like(leaves[k]) for k in wanted}, out, state
+    grads = torch.autograd.grad(loss, [leaves[k] for k in wanted], allow_unused=True, materialize_grads=True)
+    return dict(zip(wanted, grads)), out, state
+
+
+def check_gradients(method: str, case: Case, needs: str = INPUTS, out_loss: bool = True, state_loss: bool = True,
+                    precision=None) -> None:
+    """``method``'s gradients (and output and state) against the float64 oracle's, at the dtype's tolerance."""
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    return_state = state_loss or case.return_state
+    w_out, w_state = loss_weights(case, v.shape, case.seed + 1)
+
+    def ours(b, c, v, s=None):
+        res = leettriton.linear_attention(b, c, v, gamma, method=method, layout=case.layout, initial_state=s,
+                                          return_state=return_state, precision=precision)
+        return res if return_state else (res, None)
+
+    def oracle(b, c, v, s=None):
+        return leettriton.reference(b, c, v, gamma, layout=case.layout, initial_state=s, return_state=True)
+
+    got, out, state = gradients(ours, dict(b=b.detach(), c=c.detach(), v=v.detach(), s=s0), needs, w_out, w_state,
+                                out_loss, state_loss, torch.float32)
+    # the oracle gets float32 copies of 16-bit inputs (exact), so its gradients come back in float32
+    ref_inputs = dict(b=b.detach().float(), c=c.detach().float(), v=v.detach().float(),
+                      s=None if s0 is None else s0.detach().clone())
+    want, ref_out, ref_state = gradients(oracle, ref_inputs, needs, w_out, w_state, out_loss, state_loss,
+                                         torch.float64)
+    tol = tolerance(case.dtype, precision)
+    assert out.grad_fn is not None, f"{method}: the output has no grad_fn [{case.id}]"
+    assert_close(out, ref_out, tol, f"{method} output [{case.id}]")
+    if return_state:
+        assert_close(state, ref_state, tol, f"{method} final state [{case.id}]")
+    for k, grad in got.items():
+        x = dict(b=b, c=c, v=v, s=s0)[k]
+        assert grad.dtype == x.dtype and grad.shape == x.shape, f"{method} d{k}: {grad.dtype} {tuple(grad.shape)}"
+        assert_close(grad, want[k], tol, f"{method} d{k} [{case.id}, loss on {'o' if out_loss else ''}"
+                                         f"{'S' if state_loss else ''}, grads of {needs}]")
+
+
+@st.composite
+def grad_cases(draw, dtypes=DTYPES, max_n=MAX_N):
+    H = draw(st.integers(1, 2))
+    gamma = draw(st.one_of(st.none(), st.sampled_from(NAMED_GAMMAS), st.floats(0.01, 1.0), st.just("tensor")))
+    gammas = tuple(draw(st.lists(st.one_of(st.sampled_from(NAMED_GAMMAS), st.floats(0.01, 1.0)),
+                                 min_size=H, max_size=H))) if gamma == "tensor" else ()
+    return Case(
+        B=draw(st.integers(1, 2)), H=H,
+        n=draw(st.one_of(st.sampled_from([0, 1, 2, 15, 16, 17, max_n]), st.integers(0, max_n))),
+        r=draw(st.one_of(st.sampled_from([1, 3, 16, 17]), st.integers(1, MAX_DIM))),
+        d=draw(st.one_of(st.sampled_from([1, 3, 16, 17]), st.integers(1, MAX_DIM))),
+        dtype=draw(st.sampled_from(dtypes)), layout=draw(st.sampled_from(["bhnd", "bnhd"])),
+        gamma=gamma, gammas=gammas, initial=draw(st.booleans()), return_state=draw(st.booleans()),
+        noncontiguous=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@settings(max_examples=EXAMPLES)
+@given(case=grad_cases(), needs=st.sets(st.sampled_from(INPUTS), min_size=1),
+       losses=st.sampled_from([(True, False), (False, True), (True, True)]), tf32=st.booleans())
+def test_gradients_match_oracle(method, case, needs, losses, tf32):
+    assume(needs != {"s"} or case.initial)
+    precision = "tf32" if (tf32 and case.dtype == torch.float32) else None
+    check_gradients(method, case, "".join(sorted(needs)), *losses, precision=precision)
+
+
+NAMED = [
+    # every input non-contiguous in the FlashAttention layout, an initial state, per-head γ with 1 among them
+    Case(1, 2, 33, 5, 7, layout="bnhd", gamma="tensor", gammas=(1.0, 0.9), initial=True, noncontiguous=True,
+         seed=1),
+    Case(1, 1, 20, 17, 3, dtype=torch.float16, gamma=0.999, initial=True, seed=2),
+    Case(1, 1, 20, 6, 19, dtype=torch.bfloat16, layout="bnhd", gamma=0.5, initial=True, seed=3),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in NAMED])
+@pytest.mark.parametrize("method", METHODS)
+def test_named_gradients(method, case):
+    check_gradients(method, case)
+
+
+@pytest.mark.parametrize("gamma", NAMED_GAMMAS)
+@pytest.mark.parametrize("method", ["lightning_attention", "lightning_attention_torch"])
+def test_named_gammas(method, gamma):
+    """γ from none at all to a decay that wipes the state within a few rows."""
+    check_gradients(method, Case(1, 2, 40, 8, 6, gamma=gamma, initial=True, seed=4))
+
+
+@pytest.mark.parametrize("method", ["vanilla", "vanilla_torch"])
+def test_empty_sequence(method):
+    """n = 0: no row ran, the final state is the initial state, so dS₀ = dS and the output still joins the graph."""
+    check_gradients(method, Case(1, 2, 0, 3, 4, gamma=0.9, initial=True, return_state=True, seed=5))
+
+
+@pytest.mark.parametrize("method", ["lightning_attention", "lightning_attention_torch"])
+def test_two_piece_training_equals_one_piece(method):
+    """Training on a sequence cut in two, the first piece's state passed to the second, gives the gradients
+    of one call over the whole sequence: the state between the pieces carries them back."""
+    case = Case(1, 2, 30, 6, 5, layout="bnhd", gamma="tensor", gammas=(0.95, 0.6), initial=True, seed=6)
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    w_out, w_state = loss_weights(case, v.shape, 7)
+    split, axis = 13, 1
+    kw = dict(method=method, layout=case.layout, return_state=True)
+
+    def one_piece(b, c, v, s):
+        return leettriton.linear_attention(b, c, v, gamma, initial_state=s, **kw)
+
+    def two_pieces(b, c, v, s):
+        first, second = zip(*((x.narrow(axis, 0, split), x.narrow(axis, split, case.n - split)) for x in (b, c, v)))
+        o1, s1 = leettriton.linear_attention(*first, gamma, initial_state=s, **kw)
+        o2, s2 = leettriton.linear_attention(*second, gamma, initial_state=s1, **kw)
+        return torch.cat([o1, o2], dim=axis), s2
+
+    inputs = dict(b=b, c=c, v=v, s=s0)
+    whole, _, _ = gradients(one_piece, {k: x.clone() for k, x in inputs.items()}, INPUTS, w_out, w_state, True, True,
+                            torch.float32)
+    pieces, _, _ = gradients(two_pieces, {k: x.clone() for k, x in inputs.items()}, INPUTS, w_out, w_state, True,
+                             True, torch.float32)
+    for k in INPUTS:
+        assert_close(pieces[k], whole[k], tolerance(case.dtype), f"{method} d{k}: two pieces vs one")
+
+
+@pytest.mark.parametrize("method", ["lightning_attention", "vanilla_torch", "auto"])
+def test_gamma_that_requires_grad_is_refused(method):
+    b, c, v, _, _ = Case(1, 2, 9, 3, 4).tensors(DEVICE)
+    gamma = torch.tensor([0.9, 0.8], device=DEVICE, requires_grad=True)
+    for grad_of_b in (False, True):   # γ alone, then γ and b
+        b.requires_grad_(grad_of_b)
+        with pytest.raises(NotImplementedError, match=r"gradients with respect to gamma \(a learnable decay\) are "
+                                                      r"not implemented. Pass gamma.detach\(\)"):
+            leettriton.linear_attention(b, c, v, gamma, method=method)
+    out = leettriton.linear_attention(b, c, v, gamma.detach(), method=method)
+    assert out.grad_fn is not None
+
+
+def test_user_method_backward_calls_the_method():
+    """A registered method's backward is three more calls of the same method (docs/design.md §10.2)."""
+    calls = []
+
+    def mine(b, c, v, gamma, *, initial_state=None, return_state=False):
+        calls.append((tuple(b.shape), initial_state is not None, return_state))
+        res = leettriton.reference(b, c, v, gamma, initial_state=initial_state, return_state=return_state)
+        return (res[0].to(v.dtype), res[1].float()) if return_state else res.to(v.dtype)
+
+    leettriton.register_method("mine_for_grad_test", mine)
+    try:
+        case = Case(1, 2, 11, 3, 4, gamma=0.8, initial=True, seed=8)
+        check_gradients("mine_for_grad_test", case)
+        # forward (b, c, v); db (do, v, c, S₀ᵀ); dc reversed (v, do, b); dv reversed (c, b, do) with its state
+        assert calls == [((1, 2, 11, 3), True, True), ((1, 2, 11, 4), True, False), ((1, 2, 11, 4), False, False),
+                         ((1, 2, 11, 3), False, True)]
+    finally:
+        leettriton.unregister_method("mine_for_grad_test")
+
+
+# --------------------------------------------------------------------------- gradcheck in float64
+
+def float64_problem(b, c, v, gamma, initial_state, layout: str, return_state: bool):
+    """A float64 Problem built directly (the public functions take 16- and 32-bit inputs only), its output view
+    and its output in ``layout``."""
+    bb, cc, vv = (to_bhnd(x, layout) for x in (b, c, v))
+    B, H, n, r = bb.shape
+    d = vv.shape[-1]
+    out = torch.empty((B, H, n, d) if layout == "bhnd" else (B, n, H, d), dtype=torch.float64, device=DEVICE)
+    state = torch.empty(B, H, r, d, dtype=torch.float64, device=DEVICE) if return_state else None
+    p = Problem(bb, cc, vv, resolve_gamma(gamma, H, vv.device), initial_state, to_bhnd(out, layout), state, "ieee")
+    return p, out
+
+
+def float64_operator(name: str, layout: str):
+    """The PyTorch method ``name`` as the backward's operator, in float64."""
+    twin = leettriton.registry.torch_method(name)
+
+    def op(b, c, v, gamma, *, initial_state=None, return_state=False):
+        p, out = float64_problem(b, c, v, gamma, initial_state, layout, return_state)
+        twin(p)
+        return (out, p.state) if return_state else out
+
+    return op
+
+
+def float64_inputs(B, H, n, r, d, layout, seed):
+    g = torch.Generator().manual_seed(seed)
+
+    def make(k):
+        x = torch.randn(B, H, n, k, generator=g, dtype=torch.float64)
+        return (x if layout == "bhnd" else x.transpose(1, 2).contiguous()).to(DEVICE).requires_grad_()
+
+    s0 = torch.randn(B, H, r, d, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
+    return make(r), make(r), make(d), s0
+
+
+@pytest.mark.parametrize("name", [f"{m}_torch" for m in BUILTIN_METHODS])
+def test_torch_methods_pass_gradcheck(name):
+    """The PyTorch methods are differentiated by autograd itself; in float64 its gradients are the true ones
+    (n = 70 crosses every method's blocks of rows)."""
+    gamma = torch.tensor([0.97, 0.6], dtype=torch.float64, device=DEVICE)
+    op = float64_operator(name, "bhnd")
+    inputs = float64_inputs(1, 2, 70, 3, 2, "bhnd", 9)
+    assert torch.autograd.gradcheck(lambda b, c, v, s: op(b, c, v, gamma, initial_state=s, return_state=True),
+                                    inputs, fast_mode=True)
+
+
+@pytest.mark.parametrize("gamma", [None, 0.7], ids=["no_decay", "decay"])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_backward_formulas_pass_gradcheck(layout, gamma):
+    """The autograd node's backward (three calls of the operator, the final-state terms, dS₀), run in float64
+    with a PyTorch method as the operator, against finite differences."""
+    op = float64_operator("vanilla_torch", layout)
+    inputs = float64_inputs(1, 2, 7, 3, 2, layout, 10)
+
+    def fn(b, c, v, s):
+        return LinearAttentionFunction.apply(b, c, v, s, gamma, op, layout, True)
+
+    assert torch.autograd.gradcheck(fn, inputs)

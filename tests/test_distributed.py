@@ -239,3 +239,11 @@ def test_importing_leettriton_does_not_import_the_distributed_module():
     code = "import sys, leettriton; print('leettriton.distributed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_submodule_is_reached_as_an_attribute_of_the_package():
+    import subprocess
+    import sys
+    code = "import leettriton; print(leettriton.distributed.linear_attention.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "leettriton.distributed"

@@ -102,7 +102,7 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     error: Optional[BaseException] = None
     try:
         name, p, out = _local_problem(b, c, v, gamma, method, layout, initial_state if rank == 0 else None,
-                                      return_state, precision, rank)
+                                      return_state, precision)
         if rank > 0 and initial_state is not None:  # validated like rank 0's, then not read
             B, H, _, r, d = p.shape
             check_state("initial_state", initial_state, (B, H, r, d), p.v.device, optional=True)
@@ -116,9 +116,7 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     meta_work = dist.all_gather(rows, meta, group=group, async_op=True)
     local = slice_state(p, name) if error is None else None          # 2. the state-only pass
     meta_work.wait()
-    lengths = _check_agreement(torch.stack(rows).cpu().tolist(), rank, error)   # the one host sync
-    if error is not None:  # unreachable: _check_agreement raised
-        raise error
+    lengths = _check_agreement(torch.stack(rows).cpu().tolist(), error)   # the one host sync; raises
 
     # 3. one all-gather of the local states: batch · heads · r · d float32 per rank
     device = p.v.device
@@ -184,7 +182,7 @@ def _comm_device(dist, group) -> torch.device:
     return torch.device("cpu")
 
 
-def _local_problem(b, c, v, gamma, method, layout, initial_state, return_state, precision, rank):
+def _local_problem(b, c, v, gamma, method, layout, initial_state, return_state, precision):
     """This rank's validated call: (method name, Problem with ``state`` allocated when asked, output)."""
     name = registry.canonical_method(method)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
@@ -236,7 +234,7 @@ def _describe(field: str, value: int) -> str:
     return str(value)
 
 
-def _check_agreement(rows: Sequence[Sequence[int]], rank: int, error: Optional[BaseException]) -> list[int]:
+def _check_agreement(rows: Sequence[Sequence[int]], error: Optional[BaseException]) -> list[int]:
     """Raise on every rank (the same message everywhere) unless all ranks validated and agree; else the
     slice lengths, in rank order."""
     failed = [k for k, row in enumerate(rows) if row[0] != 1]

@@ -34,6 +34,10 @@ def benchmark_method(fn, *args, **kwargs):
 def __getattr__(name):
     if name == "METHODS":  # an immutable tuple that reflects every registration
         return _registry.method_names()
+    if name == "distributed":  # sequence parallelism: loaded on first use, not by `import leettriton`
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
     raise AttributeError(f"module 'leettriton' has no attribute {name!r}")
 
 

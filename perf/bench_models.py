@@ -162,7 +162,8 @@ def main(argv=None) -> None:
                         rep.rows.append(row)
                     body.append(line)
             headers = ["batch", "n"] + (["fla"] if peer is not None else []) + methods
-            rep.section(f"{name}, {dtype_name}: forward over the prompt, ms (mean ± std of {max(args.runs - 2, 1)} of {args.runs} runs)",
+            kept = max(args.runs - 2, 1)
+            rep.section(f"{name}, {dtype_name}: forward over the prompt, ms (mean ± std of {kept} of {args.runs} runs)",
                         headers, body)
             if not args.no_decode:
                 decode_section(rep, name, model, peer, dtype_name, device, gpu)

@@ -1,0 +1,190 @@
+"""What both models share: transformers' base classes across versions, norms, the MLP, the cache handling,
+``generate()`` integration and ``set_attention_method`` (docs/design.md §12.3)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..nn import LinearAttentionCache
+from ..nn.functional import check_method, rms_norm
+
+try:  # transformers ≥ 4.56 spells it PreTrainedConfig; older releases PretrainedConfig
+    from transformers import PreTrainedConfig
+except ImportError:  # pragma: no cover - older transformers
+    from transformers import PretrainedConfig as PreTrainedConfig
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+__all__ = ["PreTrainedConfig", "LinearAttentionPreTrainedModel", "LinearAttentionGenerationMixin", "RMSNorm", "GatedMLP", "model_output"]
+
+# transformers 5 renamed the outputs' (and forward's) ``past_key_values`` to ``cache``
+_CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+
+
+def model_output(cls, cache, **fields):
+    """An output of ``cls`` with the cache under the installed transformers' name for it."""
+    fields[_CACHE_FIELD] = cache
+    return cls(**fields)
+
+
+class RMSNorm(nn.Module):
+    """RMS norm with a weight, computed in float32 and returned in the input's dtype."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps).to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """down_proj(swish(gate_proj(x)) ⊙ up_proj(x)) (parameter names as flash-linear-attention's GatedMLP)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LinearAttentionPreTrainedModel(PreTrainedModel):
+    """Base of both models: the cache is a :class:`~leettriton.nn.LinearAttentionCache` the model makes
+    itself (transformers' key/value caches do not apply); ``set_attention_method`` switches every layer."""
+
+    base_model_prefix = "model"
+    _is_stateful = True
+    _supports_cache_class = True
+    supports_gradient_checkpointing = False
+
+    def attention_layers(self) -> list[nn.Module]:
+        """The model's attention modules (each has ``set_method``)."""
+        return [m for m in self.modules() if hasattr(m, "set_method") and hasattr(m, "gamma")]
+
+    def set_attention_method(self, method: str, precision: Optional[str] = None) -> None:
+        """Run every attention layer's prefill with ``method`` (any registered name or ``"auto"``).
+
+        Example::
+
+            >>> model.set_attention_method("lightning_attention")
+        """
+        method = check_method(method)
+        for layer in self.attention_layers():
+            layer.set_method(method, precision)
+        self.config.attention_method = method
+        self.config.attention_precision = precision
+
+    def cache_owner(self) -> tuple:
+        """A tag of this model's shape of states: a cache made by another model has another tag."""
+        shapes = []
+        for layer in self.attention_layers():
+            r = getattr(layer, "head_k_dim", None) or (2 * layer.head_dim if getattr(layer, "use_lrpe", False)
+                                                       else layer.head_dim)
+            d = getattr(layer, "head_v_dim", None) or layer.head_dim
+            shapes.append((layer.num_heads, r, d))
+        return (self.config.model_type, tuple(shapes))
+
+    def make_cache(self) -> LinearAttentionCache:
+        """An empty cache for this model."""
+        return LinearAttentionCache(len(self.attention_layers()), owner=self.cache_owner())
+
+    def check_cache(self, cache) -> Optional[LinearAttentionCache]:
+        """``cache`` if it can serve this model; an empty transformers cache is replaced by one of ours."""
+        if cache is None or isinstance(cache, LinearAttentionCache):
+            if cache is not None and cache.owner is not None and cache.owner != self.cache_owner():
+                raise ValueError(f"this cache was made by another model ({cache.owner[0]} with states "
+                                 f"{cache.owner[1]}); this {self.config.model_type} model needs states "
+                                 f"{self.cache_owner()[1]}: use model.make_cache() or no cache")
+            return cache
+        seen = cache.get_seq_length() if hasattr(cache, "get_seq_length") else None
+        if seen == 0:
+            return self.make_cache()
+        raise TypeError(f"cache must be a leettriton.nn.LinearAttentionCache (from model.make_cache() or a previous "
+                        f"output), got {type(cache).__name__}")
+
+
+
+class LinearAttentionGenerationMixin(GenerationMixin):
+    """``generate()`` for the causal LMs: no key/value cache, only the tokens the state has not seen are fed."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False   # generate() must not make a key/value cache: the model makes its own
+
+    def prepare_inputs_for_generation(self, input_ids, cache=None, past_key_values=None, attention_mask=None,
+                                      inputs_embeds=None, use_cache=True, **generate_kwargs):
+        """The tokens the cache has not seen yet (all of them without a cache), the cache and the mask.
+
+        ``generate_kwargs`` are what each transformers release adds to this call (positions, flags); the
+        models need none of them.
+        """
+        cache = cache if cache is not None else past_key_values
+        seen = cache.get_seq_length() if isinstance(cache, LinearAttentionCache) else 0
+        inputs = {"cache": cache, "attention_mask": attention_mask, "use_cache": use_cache}
+        if inputs_embeds is not None and seen == 0:
+            inputs.update(input_ids=None, inputs_embeds=inputs_embeds)
+        else:
+            inputs.update(input_ids=input_ids[:, seen:])
+        if "logits_to_keep" in generate_kwargs:
+            inputs["logits_to_keep"] = generate_kwargs["logits_to_keep"]
+        return inputs
+
+    def _reorder_cache(self, cache, beam_idx):
+        cache.reorder_cache(beam_idx)
+        return cache
+
+    def causal_lm_forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None,
+                          past_key_values=None, use_cache=None, output_hidden_states=None, return_dict=None,
+                          labels=None, logits_to_keep=0):
+        """The shared body of both models' ``forward``."""
+        if cache is not None and past_key_values is not None:
+            raise ValueError("give the cache as cache or as past_key_values, not both")
+        cache = cache if cache is not None else past_key_values
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                         cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states)
+        hidden = out.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0 and labels is None:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            shifted = torch.cat((labels[:, 1:], torch.full_like(labels[:, :1], -100)), 1).to(logits.device)
+            loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shifted.reshape(-1),
+                                               ignore_index=-100)
+        new_cache = getattr(out, _CACHE_FIELD)
+        if not return_dict:
+            return tuple(x for x in (loss, logits, new_cache, out.hidden_states) if x is not None)
+        return model_output(CausalLMOutputWithPast, new_cache, loss=loss, logits=logits,
+                            hidden_states=out.hidden_states)
+
+
+def decoder_forward(model, embed, blocks, final_norm, input_ids, attention_mask, inputs_embeds, cache, use_cache,
+                    output_hidden_states):
+    """Embeddings → blocks → final norm, with the cache made, checked and threaded through the blocks."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("give exactly one of input_ids and inputs_embeds")
+    hidden = embed(input_ids) if inputs_embeds is None else inputs_embeds
+    cache = model.check_cache(cache)
+    if use_cache and cache is None:
+        cache = model.make_cache()
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be (batch, length) of 0/1 (left padding), got shape "
+                         f"{tuple(attention_mask.shape)}")
+    states = () if output_hidden_states else None
+    for block in blocks:
+        if output_hidden_states:
+            states += (hidden,)
+        hidden = block(hidden, attention_mask, cache if use_cache else None)
+    hidden = final_norm(hidden)
+    if output_hidden_states:
+        states += (hidden,)
+    return model_output(BaseModelOutputWithPast, cache if use_cache else None, last_hidden_state=hidden,
+                        hidden_states=states)

@@ -1,0 +1,200 @@
+"""The generation cache: one float32 state per layer and the number of tokens that layer has seen.
+
+A linear-attention layer needs nothing of the past but its state S (batch, heads, r, d) and, for
+position encodings, how many tokens came before (docs/design.md §12.2).  This module needs no
+``transformers``: the models hand the same object to ``generate()``, which only calls the methods
+below (``reorder_cache``, ``crop``, ``get_seq_length``, ...).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = ["LinearAttentionCache", "LayerState"]
+
+
+class LayerState:
+    """One layer's entry: its float32 ``state`` (or None before the first token) and ``seen`` tokens."""
+
+    __slots__ = ("state", "seen", "record_past", "past")
+
+    def __init__(self) -> None:
+        self.state: Optional[torch.Tensor] = None
+        self.seen = 0
+        self.record_past = False
+        self.past: list[tuple[int, Optional[torch.Tensor]]] = []   # (seen, state) before each update
+
+    def __repr__(self) -> str:
+        shape = None if self.state is None else tuple(self.state.shape)
+        return f"LayerState(seen={self.seen}, state={shape})"
+
+
+class LinearAttentionCache:
+    """Per-layer recurrent states of a linear-attention model, for prefill, chunked prefill and decoding.
+
+    Each layer's entry holds its float32 state ``(batch, heads, r, d)`` and the number of tokens it has
+    seen (the rotary offset of the next token).  A layer called with a cache starts from its entry's
+    state and leaves its final state there: a prefill of n tokens followed by m one-token steps gives the
+    outputs of one prefill of n + m tokens (docs/design.md §1.3).  The one-token step updates the state
+    in place (:func:`leettriton.decode_step`); everything else replaces it.
+
+    Args:
+        num_layers: number of layers, or None to grow on first use.
+        owner: a tag of the model that made the cache (a model refuses a cache with another tag).
+
+    Example::
+
+        >>> cache = LinearAttentionCache()
+        >>> y = layer(x[:, :100], cache=cache)       # prefill
+        >>> y_t = layer(x[:, 100:101], cache=cache)  # one token, S updated in place
+    """
+
+    is_compileable = False
+
+    def __init__(self, num_layers: Optional[int] = None, owner: Optional[tuple] = None) -> None:
+        self.layers: list[LayerState] = [LayerState() for _ in range(num_layers or 0)]
+        self.owner = owner
+
+    # ------------------------------------------------------------------ per-layer access
+
+    def layer(self, layer_idx: int) -> LayerState:
+        """The entry of layer ``layer_idx`` (created, empty, if the cache has fewer layers)."""
+        if not isinstance(layer_idx, int) or isinstance(layer_idx, bool) or layer_idx < 0:
+            raise ValueError(f"layer_idx must be a non-negative int to use a cache, got {layer_idx!r} "
+                             f"(give each layer its index: layer_idx=...)")
+        while len(self.layers) <= layer_idx:
+            self.layers.append(LayerState())
+        return self.layers[layer_idx]
+
+    def get_state(self, layer_idx: int) -> Optional[torch.Tensor]:
+        """Layer ``layer_idx``'s float32 state ``(batch, heads, r, d)``, or None before its first token."""
+        return self.layer(layer_idx).state
+
+    def get_seq_length(self, layer_idx: Optional[int] = 0) -> int:
+        """Tokens seen by layer ``layer_idx`` (0 for a layer not yet run)."""
+        layer_idx = 0 if layer_idx is None else layer_idx
+        return self.layers[layer_idx].seen if layer_idx < len(self.layers) else 0
+
+    def update(self, layer_idx: int, state: torch.Tensor, new_tokens: int) -> None:
+        """Store layer ``layer_idx``'s new ``state`` after ``new_tokens`` more tokens."""
+        entry = self.layer(layer_idx)
+        if entry.record_past:
+            entry.past.append((entry.seen, entry.state))
+        entry.state = state
+        entry.seen += new_tokens
+
+    def step_in_place(self, layer_idx: int) -> torch.Tensor:
+        """Layer ``layer_idx``'s state, for a one-token step that writes it in place and counts one token.
+
+        While recording, a copy of the state is kept first (so :meth:`crop` can go back).
+        """
+        entry = self.layer(layer_idx)
+        if entry.record_past:
+            entry.past.append((entry.seen, entry.state.clone()))
+        entry.seen += 1
+        return entry.state
+
+    # ------------------------------------------------------------------ transformers' Cache interface
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return f"LinearAttentionCache(layers={self.layers})"
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [True] * len(self.layers)
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * len(self.layers)
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether :meth:`crop` can go back (only while past states are recorded)."""
+        return all(entry.record_past for entry in self.layers)
+
+    @property
+    def batch_size(self) -> int:
+        for entry in self.layers:
+            if entry.state is not None:
+                return entry.state.shape[0]
+        return -1
+
+    def get_max_length(self, layer_idx: Optional[int] = None) -> Optional[int]:
+        return None   # a recurrent state has no length limit
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return -1
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length(layer_idx) + query_length, 0
+
+    def has_previous_state(self, layer_idx: Optional[int] = None, state_idx: Optional[int] = None) -> bool:
+        entries = self.layers if layer_idx is None else self.layers[layer_idx:layer_idx + 1]
+        return bool(entries) and all(entry.state is not None for entry in entries)
+
+    def reset(self) -> None:
+        """Forget every token: the next call starts from a zero state at position 0."""
+        for entry in self.layers:
+            entry.state = None
+            entry.seen = 0
+            entry.past = []
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Keep, for each new batch row i, the state of row ``beam_idx[i]`` (beam search)."""
+        for entry in self.layers:
+            if entry.state is not None:
+                entry.state = entry.state.index_select(0, beam_idx.to(entry.state.device))
+            entry.past = [(seen, None if s is None else s.index_select(0, beam_idx.to(s.device)))
+                          for seen, s in entry.past]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every batch row ``repeats`` times, as ``generate`` does for beams and several sequences."""
+        for entry in self.layers:
+            if entry.state is not None:
+                entry.state = entry.state.repeat_interleave(repeats, dim=0)
+            entry.past = [(seen, None if s is None else s.repeat_interleave(repeats, dim=0))
+                          for seen, s in entry.past]
+
+    def activate_past_recording(self) -> None:
+        """Keep every layer's state before each update, so that :meth:`crop` can return to it."""
+        for entry in self.layers:
+            entry.record_past = True
+
+    def crop(self, max_length: int) -> None:
+        """Go back to the first ``max_length`` tokens (a negative value removes that many tokens).
+
+        A recurrent state cannot be un-decayed, so this restores a recorded state
+        (:meth:`activate_past_recording`); without one, only cropping to 0 (:meth:`reset`) or to
+        the current length (a no-op) is possible, and anything else raises ``ValueError``.
+        """
+        for i, entry in enumerate(self.layers):
+            target = entry.seen + max_length if max_length < 0 else max_length
+            if target < 0:
+                raise ValueError(f"crop({max_length}): layer {i} has seen only {entry.seen} tokens")
+            if target >= entry.seen:
+                continue
+            if target == 0:
+                entry.state, entry.seen, entry.past = None, 0, []
+                continue
+            kept = [k for k, (seen, _) in enumerate(entry.past) if seen == target]
+            if not kept:
+                raise ValueError(
+                    f"crop({max_length}): layer {i} holds the state after {entry.seen} tokens and no recorded "
+                    f"state after {target}; a recurrent state cannot be rolled back (call "
+                    f"activate_past_recording() before the tokens to undo, or reset())")
+            k = kept[-1]
+            entry.seen, entry.state = entry.past[k]
+            del entry.past[k:]
+
+    def to(self, device) -> "LinearAttentionCache":
+        for entry in self.layers:
+            if entry.state is not None:
+                entry.state = entry.state.to(device)
+        return self

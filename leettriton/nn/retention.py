@@ -1,0 +1,160 @@
+"""RetNet's multi-scale retention layer on leettriton's kernels (docs/design.md §12.1)."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .cache import LinearAttentionCache
+from .functional import RotaryTable, activation, attend, check_method, decay_tensor, rms_norm
+
+__all__ = ["MultiScaleRetention", "retnet_gammas"]
+
+
+def retnet_gammas(num_heads: int) -> list[float]:
+    """RetNet's fixed decay per head, γ_h = 1 − 2^(−5−h), h = 0 … num_heads − 1 (exact in float64)."""
+    return [1.0 - 2.0 ** (-5 - h) for h in range(num_heads)]
+
+
+class HeadRMSNorm(nn.Module):
+    """RMS normalisation of each head's output over its d values, with an optional weight (shared by heads)."""
+
+    def __init__(self, dim: int, eps: float, elementwise_affine: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # float32 out
+        return rms_norm(x, self.weight, self.eps)
+
+
+class MultiScaleRetention(nn.Module):
+    r"""Retention (RetNet): O = GroupNorm((Q Kᵀ ⊙ D) V) ⊙ swish(X W_G), then the output projection.
+
+    Per head h, with rotary positions on q and k and D[i, j] = γ_h^(i−j), γ_h = 1 − 2^(−5−h).
+    Prefill runs :func:`leettriton.linear_attention` with ``method``; a one-token step with a cache
+    runs :func:`leettriton.decode_step`.  The 1/√r scale is applied to q here, never in the kernels.
+    The per-head normalisation is an RMS norm with a weight, as in flash-linear-attention's RetNet,
+    whose parameter names this layer keeps (``q_proj``, ``k_proj``, ``v_proj``, ``g_proj``, ``o_proj``,
+    ``g_norm_swish_gate`` or ``g_norm``), so its checkpoints load.
+
+    Args:
+        hidden_size: model width.
+        num_heads: query heads H.
+        num_kv_heads: key/value heads (grouped attention; must divide H); default H.
+        expand_k, expand_v: key width H·r = hidden_size·expand_k, value width H·d = hidden_size·expand_v.
+        use_output_gate: multiply by the gate activation of ``g_proj(x)``.
+        gate_fn: the gate activation (``"swish"``).
+        elementwise_affine: the per-head norm has a weight.
+        norm_eps: the norm's ε.
+        fuse_norm: name the norm ``g_norm_swish_gate`` (as fla does when norm and swish gate are fused)
+            rather than ``g_norm``; the computation is the same.
+        feature_map: an activation applied to q and k before the rotary embedding, or None.
+        rope_base: the rotary base.
+        layer_idx: this layer's index in a model's cache.
+        method: any registered method or ``"auto"`` (see :data:`leettriton.METHODS`), for prefill.
+        precision: ``linear_attention``'s precision for float32 inputs (None: ``"ieee"``).
+
+    Shapes: ``x`` ``(batch, n, hidden_size)`` → ``(batch, n, hidden_size)``.
+
+    Example::
+
+        >>> layer = MultiScaleRetention(hidden_size=2048, num_heads=8, layer_idx=0).cuda().half()
+        >>> cache = LinearAttentionCache()
+        >>> with torch.no_grad():
+        ...     y = layer(x, cache=cache)               # prefill
+        ...     y_t = layer(x_next, cache=cache)        # one token
+    """
+
+    def __init__(self, hidden_size: int = 1024, num_heads: int = 8, num_kv_heads: Optional[int] = None, *,
+                 expand_k: float = 1.0, expand_v: float = 2.0, use_output_gate: bool = True, gate_fn: str = "swish",
+                 elementwise_affine: bool = True, norm_eps: float = 1e-5, fuse_norm: bool = True,
+                 feature_map: Optional[str] = None, rope_base: float = 10000.0, layer_idx: Optional[int] = None,
+                 method: str = "auto", precision: Optional[str] = None, device=None, dtype=None) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads, got num_heads={num_heads}, "
+                             f"num_kv_heads={num_kv_heads}")
+        key_dim, value_dim = hidden_size * expand_k, hidden_size * expand_v
+        if not (math.isclose(key_dim, round(key_dim)) and math.isclose(value_dim, round(value_dim))):
+            raise ValueError(f"hidden_size * expand_k and hidden_size * expand_v must be integers, got {key_dim} "
+                             f"and {value_dim}")
+        key_dim, value_dim = round(key_dim), round(value_dim)
+        if key_dim % num_heads or value_dim % num_heads:
+            raise ValueError(f"the key width {key_dim} and value width {value_dim} must split into num_heads="
+                             f"{num_heads} heads")
+        self.hidden_size = hidden_size
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.num_kv_groups = num_heads // num_kv_heads
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
+        self.layer_idx = layer_idx
+        self.use_output_gate = use_output_gate
+        self.feature_map_fn = activation(feature_map, "feature_map")
+        self.gate_fn = activation(gate_fn, "gate_fn")
+        self.fuse_norm_and_gate = fuse_norm and use_output_gate and gate_fn == "swish"
+        self.set_method(method, precision)
+
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(hidden_size, key_dim, bias=False, **factory)
+        self.k_proj = nn.Linear(hidden_size, key_dim // self.num_kv_groups, bias=False, **factory)
+        self.v_proj = nn.Linear(hidden_size, value_dim // self.num_kv_groups, bias=False, **factory)
+        if use_output_gate:
+            self.g_proj = nn.Linear(hidden_size, value_dim, bias=False, **factory)
+        self.o_proj = nn.Linear(value_dim, hidden_size, bias=False, **factory)
+        norm = HeadRMSNorm(self.head_v_dim, norm_eps, elementwise_affine, **factory)
+        if self.fuse_norm_and_gate:
+            self.g_norm_swish_gate = norm
+        else:
+            self.g_norm = norm
+        self.rotary = RotaryTable(self.head_k_dim, rope_base)
+        self.gammas = retnet_gammas(num_heads)
+        self._gamma_tensors: dict = {}
+
+    def set_method(self, method: str, precision: Optional[str] = None) -> None:
+        """Switch the prefill method (any registered name or ``"auto"``) and the float32 precision."""
+        self.method = check_method(method)
+        self.precision = precision
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"r={self.head_k_dim}, d={self.head_v_dim}, method={self.method!r}")
+
+    def gamma(self, device) -> torch.Tensor:
+        """γ per head, float64 ``(num_heads,)`` on ``device``."""
+        return decay_tensor(self.gammas, self._gamma_tensors, device)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                cache: Optional[LinearAttentionCache] = None) -> torch.Tensor:
+        """``hidden_states`` ``(batch, n, hidden_size)``; ``attention_mask`` ``(batch, ≥ n)`` of 0/1 (left padding:
+        its last n columns mark this call's tokens; a 0 token adds nothing to the state); ``cache`` continues
+        from and updates this layer's state (``layer_idx``)."""
+        x = hidden_states
+        B, n, _ = x.shape
+        H, r, d = self.num_heads, self.head_k_dim, self.head_v_dim
+        offset = cache.layer(self.layer_idx).seen if cache is not None else 0
+        q = self.q_proj(x).view(B, n, H, r)
+        k = self.k_proj(x).view(B, n, self.num_kv_heads, r)
+        v = self.v_proj(x).view(B, n, self.num_kv_heads, d)
+        if self.feature_map_fn is not None:
+            q, k = self.feature_map_fn(q), self.feature_map_fn(k)
+        b = self.rotary.apply(q, offset, scale=r ** -0.5)
+        c = self.rotary.apply(k, offset)
+        if attention_mask is not None:
+            v = v * attention_mask[:, -n:, None, None].to(v.dtype)
+        if self.num_kv_groups > 1:
+            c = c.repeat_interleave(self.num_kv_groups, dim=2)
+            v = v.repeat_interleave(self.num_kv_groups, dim=2)
+        o = attend(b, c, v, self.gamma(x.device), method=self.method, precision=self.precision, cache=cache,
+                   layer_idx=self.layer_idx)
+        if self.fuse_norm_and_gate:
+            o = self.g_norm_swish_gate(o)
+        else:
+            o = self.g_norm(o)
+        if self.use_output_gate:
+            g = self.g_proj(x).view(B, n, H, d)
+            o = o * self.gate_fn(g.float())
+        return self.o_proj(o.to(x.dtype).reshape(B, n, H * d))

@@ -145,9 +145,10 @@ def find(rows: Sequence[dict], **keys) -> Optional[dict]:
 def run_name(method: str, device) -> str:
     """The method to run for ``method`` on ``device``: itself on CUDA, its PyTorch version elsewhere.
 
-    (Off the GPU the Triton kernels would run in the interpreter, far too slowly to time.)
+    (Off the GPU the Triton kernels would run in the interpreter, far too slowly to time; ``auto`` runs
+    the PyTorch versions there by itself.)
     """
-    return method if torch.device(device).type == "cuda" else f"{method}_torch"
+    return method if torch.device(device).type == "cuda" or method == "auto" else f"{method}_torch"
 
 
 def entry(method: str, device) -> bench.Entry:

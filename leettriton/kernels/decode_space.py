@@ -30,6 +30,8 @@ def _step_keep(cfg) -> bool:
     """The shape-independent part: at most 32 state elements per thread, and 8 or more
     unless the program is the smallest (tiny states cannot give every thread 8)."""
     per_thread = regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"])
+    if cfg["BK"] > 256 and cfg["num_warps"] != 8:  # wide keys (r > 256): the most threads per program
+        return False
     return per_thread <= 32 and (per_thread >= 8 or cfg["num_warps"] == 2)
 
 

@@ -106,6 +106,8 @@ def select_grid(opts) -> dict:
             raise ValueError(f"--bh values above 32 must be multiples of 32, got {opts.bh!r}")
     if getattr(opts, "n", None):
         grid["n"] = _ints(opts.n, "n")
+    if getattr(opts, "decay", None):
+        grid["decay"] = {"both": [True, False], "yes": [True], "no": [False]}[opts.decay]
     if getattr(opts, "rd", None):
         pairs = []
         for item in opts.rd.split(","):
@@ -134,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bh", help="comma-separated batch·heads values, in place of the grid's")
     ap.add_argument("--n", help="comma-separated sequence lengths, in place of the grid's")
     ap.add_argument("--rd", help="comma-separated RxD pairs (e.g. 128x128,64x64), in place of the grid's")
+    ap.add_argument("--decay", choices=["both", "yes", "no"], default="both",
+                    help="points with decay, without, or both (default)")
     ap.add_argument("--methods", default=",".join(BUILTIN_METHODS), help="comma-separated methods to measure")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop cleanly after this long")
     ap.add_argument("--out", help="where to write (default: the packaged file of the family)")

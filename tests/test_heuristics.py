@@ -152,7 +152,7 @@ def test_tune_grid_axes_can_be_replaced_from_the_command_line():
     import argparse
 
     def opts(**kw):
-        base = dict(quick=False, dtypes=None, bh=None, n=None, rd=None)
+        base = dict(quick=False, dtypes=None, bh=None, n=None, rd=None, decay=None)
         return argparse.Namespace(**{**base, **kw})
 
     grid = tune.select_grid(opts(dtypes="float16,bfloat16", bh="128,8,32,8", n="4096,64", rd="128x128,64X32"))
@@ -162,7 +162,10 @@ def test_tune_grid_axes_can_be_replaced_from_the_command_line():
     assert grid["rd"] == [[128, 128], [64, 32]]
     assert grid["decay"] == tune.GRIDS["full"]["decay"]
     assert tune.select_grid(opts(quick=True)) == tune.GRIDS["quick"]
-    for bad in (dict(bh="48"), dict(n="0,64"), dict(n="1k"), dict(rd="128"), dict(rd="300x128"),
+    assert tune.select_grid(opts(decay="yes"))["decay"] == [True]
+    assert tune.select_grid(opts(decay="no"))["decay"] == [False]
+    assert tune.select_grid(opts(rd="300x1024"))["rd"] == [[300, 1024]]
+    for bad in (dict(bh="48"), dict(n="0,64"), dict(n="1k"), dict(rd="128"), dict(rd="1025x128"),
                 dict(dtypes="float64")):
         with pytest.raises(ValueError):
             tune.select_grid(opts(**bad))

@@ -1,10 +1,10 @@
 """Time the chunk walk with pinned configs, inside or outside its family's config space.
 
     python perf/walk_configs.py --configs '[{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 4}]' \
-        --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192
+        --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192 [--heads 8 --r 256 --d 512]
 
 For each config and each value of the segment rule's programs per SM, ``block_based`` runs at
-every shape (heads 32, r = d = 128, with decay unless ``--no-decay``, float16 by default) with its walk pinned to the
+every shape (heads 32, r = d = 128 unless given, with decay unless ``--no-decay``, float16 by default) with its walk pinned to the
 config (the segment-state kernels autotuned); the output is compared with the float64 oracle (on
 a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench``.
 Configs the family's pruning would reject are run as given (that is the point: to measure
@@ -30,9 +30,9 @@ from leettriton.methods.block_based import space as bb
 
 cfg, pps_list, shapes, dtype = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 use_decay, precision = sys.argv[5] == "decay", sys.argv[6]
+heads, r, d = json.loads(sys.argv[7])
 configs._fits = lambda space, config, args: True   # run the config as given
 dt = getattr(torch, dtype)
-heads, r, d = 32, 128, 128
 pps_list = cfg.pop("pps", pps_list)
 for batch, n in shapes:
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -68,18 +68,22 @@ def main(argv=None) -> int:
     ap.add_argument("--no-decay", action="store_true", help="γ = 1 (default: γ per head from 0.969 to 0.996)")
     ap.add_argument("--precision", default="ieee", choices=["ieee", "tf32"], help="float32 only")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per config")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--r", type=int, default=128)
+    ap.add_argument("--d", type=int, default=128)
     opts = ap.parse_args(argv)
 
     import torch
     import triton
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
-          f"{opts.dtype}{'/' + opts.precision if opts.dtype == 'float32' else ''}, heads 32, r = d = 128, "
+          f"{opts.dtype}{'/' + opts.precision if opts.dtype == 'float32' else ''}, heads {opts.heads}, r = {opts.r}, "
+          f"d = {opts.d}, "
           f"{'no decay' if opts.no_decay else 'decay'}", flush=True)
     shapes = [[int(x) for x in s.split("x")] for s in opts.shapes.split(",")]
     pps = [int(x) for x in opts.programs_per_sm.split(",")]
     for cfg in json.loads(opts.configs):
         cmd = [sys.executable, "-c", CHILD, json.dumps(cfg), json.dumps(pps), json.dumps(shapes), opts.dtype,
-               "none" if opts.no_decay else "decay", opts.precision]
+               "none" if opts.no_decay else "decay", opts.precision, json.dumps([opts.heads, opts.r, opts.d])]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=dict(os.environ))
             lines = [json.loads(x[7:]) for x in res.stdout.splitlines() if x.startswith("RESULT ")]

@@ -132,7 +132,8 @@ def add_state_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tens
     return term.to(dtype)
 
 
-def initial_state_grad(state_rev: Optional[torch.Tensor], ds: Optional[torch.Tensor], lam, n: int) -> torch.Tensor:
+def initial_state_grad(state_rev: Optional[torch.Tensor], ds: Optional[torch.Tensor], lam,
+                       n: int) -> torch.Tensor:
     """dS₀ = γ · Σ_i γ^i b_iᵀ do_i + γ^n dS (either part may be absent)."""
     parts = []
     if state_rev is not None:

@@ -142,13 +142,15 @@ class GradCase(SPCase):
     ``needs``: the inputs that require grad (b, c, v, s: the initial state, passed on every rank);
     ``grad_ranks``: the ranks whose inputs require grad (None: all); ``pieces``: consecutive calls over
     consecutive sequences of ``lengths`` rows each, the state of one passed as the next one's initial state
-    on every rank (so the initial state's gradient of the next call reaches the state of the previous)."""
+    on every rank (so the initial state's gradient of the next call reaches the state of the previous);
+    ``last_rank_loss_only``: the other ranks have no loss and run ``torch.autograd.backward(o_k, 0)``."""
 
     out_loss: bool = True
     state_loss: bool = True
     needs: str = "bcvs"
     grad_ranks: object = None
     pieces: int = 1
+    last_rank_loss_only: bool = False
 
     def n(self, world: int) -> int:
         return self.pieces * sum(self.lengths[world])
@@ -158,14 +160,24 @@ class GradCase(SPCase):
         return slice(rows.start + shift, rows.stop + shift)
 
     def weights(self, world: int):
-        """The loss's weights: of the whole output (inputs' dtype), and of the final state on each rank (float32)."""
+        """The loss's weights: of the whole output (inputs' dtype), and of the final state on each rank (float32);
+        zero where a rank has no loss."""
         g = torch.Generator().manual_seed(self.seed + 1000)
         b, _, v, _, _ = self.inputs(world)
         w_out = torch.randn(v.shape, generator=g).to(self.dtype)
-        return w_out, [torch.randn(self.B, self.H, self.r, self.d, generator=g) for _ in range(world)]
+        w_states = [torch.randn(self.B, self.H, self.r, self.d, generator=g) for _ in range(world)]
+        for rank in range(world):
+            if not self.has_loss(rank, world):
+                w_states[rank].zero_()
+                for piece in range(self.pieces):
+                    _take(w_out, self.piece_rows(world, rank, piece), self.layout).zero_()
+        return w_out, w_states
 
     def requires_grad(self, rank: int, key: str) -> bool:
         return key in self.needs and (self.grad_ranks is None or rank in self.grad_ranks)
+
+    def has_loss(self, rank: int, world: int) -> bool:
+        return not self.last_rank_loss_only or rank == world - 1
 
 
 GRAD_CASES = [
@@ -180,6 +192,9 @@ GRAD_CASES = [
     # the later ranks' inputs need no gradient, yet their outputs' losses reach rank 0's c, v, S₀
     GradCase("grad-first-rank-only", {2: (7, 9), 3: (4, 6, 5)}, gamma=(0.9, 0.6), initial=True, grad_ranks=(0,),
              seed=3),
+    # only the last rank has a loss: the others' gradients all come through the reverse scan
+    GradCase("grad-last-rank-loss-only", {2: (8, 5), 3: (6, 3, 4)}, gamma=0.9, layout="bnhd", initial=True,
+             last_rank_loss_only=True, seed=6),
     GradCase("grad-c-v-only-two-pieces", {2: (5, 6), 3: (2, 5, 4)}, gamma=0.8, initial=True, needs="cvs",
              pieces=2, seed=4),
     GradCase("grad-triton-lightning-attention", {2: (20, 13), 3: (7, 0, 26)}, method="lightning_attention",
@@ -212,7 +227,10 @@ def _grad_step(case: GradCase, rank: int, world: int):
             loss = loss + (out.float() * _take(w_out, rows, case.layout).float()).sum()
     if case.state_loss:
         loss = loss + (state * w_states[rank]).sum()
-    loss.backward()
+    if case.has_loss(rank, world):
+        loss.backward()
+    else:   # a rank without a loss of its own still joins the backward
+        torch.autograd.backward(out, torch.zeros_like(out))
     return out.requires_grad, {key: [x.grad for x in xs] for key, xs in leaves.items()}
 
 

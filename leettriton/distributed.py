@@ -94,7 +94,8 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     rank's inputs: the final state, returned on every rank, gets the sum of its gradients on all
     ranks (a loss computed from it identically on every rank counts once per rank, so put it on one
     rank). ``initial_state`` gets its gradient on rank 0; on the other ranks, which do not read it,
-    zeros. γ is a constant (a gamma that requires grad is refused).
+    zeros. γ is a constant (a gamma that requires grad is refused); a backward with ``create_graph=True``
+    raises ``NotImplementedError``.
 
     Example (``torchrun --nproc-per-node 4 script.py``)::
 
@@ -218,6 +219,10 @@ def _backward(scan: _Scan, start, b, c, v, grad_out, grad_state, *, need_b: bool
               need_s0: bool):
     """This rank's (db, dc, dv, d initial_state): its output's share from the local calls of §10.1, then the
     gradient of its slice's end state from the later ranks' start-state gradients (one all-gather)."""
+    if torch.is_grad_enabled():   # every rank's backward is taken the same way, so every rank raises here
+        raise NotImplementedError(f"{_WHERE}: a backward with create_graph=True (gradients of gradients) is not "
+                                  f"implemented across ranks: the all-gather of the state gradients is not "
+                                  f"differentiable")
     rank, lengths, layout, gamma = scan.rank, scan.lengths, scan.layout, scan.gamma
     B, H, n, r, d = scan.shape
     op = partial(_single_device, method=scan.name, layout=layout, precision=scan.precision)

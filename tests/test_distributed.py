@@ -266,6 +266,13 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             results[case.name] = ("ok", *_grad_step(case, rank, world))
         except Exception as exc:
             results[case.name] = ("raised", type(exc).__name__, str(exc))
+    try:   # gradients of gradients: refused on every rank, before any collective
+        b, c, v = (torch.randn(1, 2, 3, 4, requires_grad=True) for _ in range(3))
+        out = leettriton.distributed.linear_attention(b, c, v, 0.9, method="vanilla_torch")
+        torch.autograd.grad(out.sum(), [b, c, v], create_graph=True)
+        results["create-graph"] = ("ok", None)
+    except Exception as exc:
+        results["create-graph"] = ("raised", type(exc).__name__, str(exc))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -321,6 +328,14 @@ def test_ranks_that_disagree_all_raise(world, case):
     assert len({got[2] for rank, got in enumerate(outcomes) if rank not in own}) == 1, "different messages"
     if case.name == "gamma-requires-grad":
         assert "gradients with respect to gamma" in outcomes[1][2]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_backward_with_create_graph_raises_on_every_rank(world):
+    for rank, results in enumerate(run_world(world)):
+        got = results["create-graph"]
+        assert got[:2] == ("raised", "NotImplementedError"), f"rank {rank} of {world}: {got}"
+        assert "create_graph=True" in got[2]
 
 
 def oracle_gradients(case: GradCase, world: int, rows=None) -> dict:

@@ -25,7 +25,8 @@ import torch
 
 from .problem import resolve_gamma, to_bhnd
 
-__all__ = ["LinearAttentionFunction", "attach_backward"]
+__all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "add_state_term", "initial_state_grad",
+           "log2_gamma"]
 
 Operator = Callable
 """``op(b, c, v, gamma, *, initial_state=None, return_state=False)`` -> ``o`` or ``(o, state)``: the
@@ -54,40 +55,54 @@ class LinearAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_state=None):
         b, c, v, s0, gamma_tensor = ctx.saved_tensors
         gamma = ctx.gamma if gamma_tensor is None else gamma_tensor
-        op, layout = ctx.op, ctx.layout
         need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[:4]
-        axis = 2 if layout == "bhnd" else 1           # the sequence axis in the caller's layout
-        do = None if grad_out is None else grad_out.contiguous()   # a gradient may come expanded (stride 0)
-
-        db = dc = dv = ds0 = state_rev = None
-        if do is not None:
-            if need_b:
-                db = op(do, v, c, gamma, initial_state=None if s0 is None else s0.transpose(-1, -2))
-            if need_c or need_v or need_s0:
-                b_rev, do_rev = b.flip(axis), do.flip(axis)    # copies (docs/design.md §10.3)
-                if need_c:
-                    dc = op(v.flip(axis), do_rev, b_rev, gamma).flip(axis)
-                if need_v or need_s0:
-                    res = op(c.flip(axis), b_rev, do_rev, gamma, return_state=need_s0)
-                    del b_rev, do_rev                          # each copy freed as soon as it is used: peak memory
-                    rev, state_rev = res if need_s0 else (res, None)
-                    del res
-                    dv = rev.flip(axis) if need_v else None
-                    del rev
+        db, dc, dv, state_rev = output_grads(ctx.op, b, c, v, s0, gamma, grad_out, ctx.layout, need_b=need_b,
+                                             need_c=need_c, need_v=need_v, need_state=need_s0)
+        ds0 = None
         if grad_state is not None or state_rev is not None:
-            heads, n = to_bhnd(b, layout).shape[1:3]
-            lam = _log2_gamma(gamma, heads, v.device)
+            heads, n = to_bhnd(b, ctx.layout).shape[1:3]
+            lam = log2_gamma(gamma, heads, v.device)
             if grad_state is not None:
                 if need_c:
-                    dc = _add_state_term(dc, v, grad_state.transpose(-1, -2), lam, layout, c.dtype)
+                    dc = add_state_term(dc, v, grad_state.transpose(-1, -2), lam, ctx.layout, c.dtype)
                 if need_v:
-                    dv = _add_state_term(dv, c, grad_state, lam, layout, v.dtype)
+                    dv = add_state_term(dv, c, grad_state, lam, ctx.layout, v.dtype)
             if need_s0:
-                ds0 = _initial_state_grad(state_rev, grad_state, lam, n)
+                ds0 = initial_state_grad(state_rev, grad_state, lam, n)
         return db, dc, dv, ds0, None, None, None, None
 
 
-def _log2_gamma(gamma, heads: int, device) -> Optional[torch.Tensor]:
+def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, need_b: bool, need_c: bool,
+                 need_v: bool, need_state: bool):
+    """The output's share of the gradients: the three calls of docs/design.md §10.1 with no final-state term.
+
+    ``grad_out`` is ∂L/∂O in ``layout`` (or None: every result None); ``s0`` the forward's initial state (or
+    None).  Returns ``(db, dc, dv, state_rev)``, each None unless asked for: db, dc, dv in the inputs' dtype,
+    and ``state_rev`` = Σ_i γ^i b_iᵀ do_i (float32 ``(batch, heads, r, d)``), the reversed dv call's final
+    state, from which :func:`initial_state_grad` forms dS₀.
+    """
+    db = dc = dv = state_rev = None
+    if grad_out is None:
+        return db, dc, dv, state_rev
+    axis = 2 if layout == "bhnd" else 1               # the sequence axis in the caller's layout
+    do = grad_out.contiguous()                         # a gradient may come expanded (stride 0)
+    if need_b:
+        db = op(do, v, c, gamma, initial_state=None if s0 is None else s0.transpose(-1, -2))
+    if need_c or need_v or need_state:
+        b_rev, do_rev = b.flip(axis), do.flip(axis)    # copies (docs/design.md §10.3)
+        if need_c:
+            dc = op(v.flip(axis), do_rev, b_rev, gamma).flip(axis)
+        if need_v or need_state:
+            res = op(c.flip(axis), b_rev, do_rev, gamma, return_state=need_state)
+            del b_rev, do_rev                          # each copy freed as soon as it is used: peak memory
+            rev, state_rev = res if need_state else (res, None)
+            del res
+            dv = rev.flip(axis) if need_v else None
+            del rev
+    return db, dc, dv, state_rev
+
+
+def log2_gamma(gamma, heads: int, device) -> Optional[torch.Tensor]:
     """λ = log2 γ in float64, ``(heads,)``, or None without decay."""
     g = resolve_gamma(gamma, heads, device)
     return None if g is None else torch.log2(g.detach().to(torch.float64))
@@ -100,8 +115,8 @@ def _decay(lam: Optional[torch.Tensor], dist: torch.Tensor, dtype: torch.dtype) 
     return torch.exp2(lam.view(1, -1, 1, 1) * dist.to(torch.float64).view(1, 1, -1, 1)).to(dtype)
 
 
-def _add_state_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tensor, lam, layout: str,
-                    dtype: torch.dtype) -> torch.Tensor:
+def add_state_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tensor, lam, layout: str,
+                   dtype: torch.dtype) -> torch.Tensor:
     """``grad`` + γ^(n−1−j) x_j ds (x: the caller's ``(·, n, ·)`` tensor, ds ``(B, H, ·, ·)``), cast to ``dtype``.
 
     The sum is formed in float32 (float64 for float64 states) and rounded once.
@@ -117,7 +132,8 @@ def _add_state_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Ten
     return term.to(dtype)
 
 
-def _initial_state_grad(state_rev: Optional[torch.Tensor], ds: Optional[torch.Tensor], lam, n: int) -> torch.Tensor:
+def initial_state_grad(state_rev: Optional[torch.Tensor], ds: Optional[torch.Tensor], lam,
+                       n: int) -> torch.Tensor:
     """dS₀ = γ · Σ_i γ^i b_iᵀ do_i + γ^n dS (either part may be absent)."""
     parts = []
     if state_rev is not None:

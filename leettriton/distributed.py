@@ -14,34 +14,42 @@ integers of metadata (docs/design.md §11):
    exp2(λ · distance) with distance ≥ 0 (§2.1);
 4. the output pass: the rank's slice with ``method`` from its true start state.
 
+The backward is the same scan in reverse (docs/design.md §11.4): each rank's output gives the gradient of
+its start state, one all-gather of those, and each rank's slice-end state gradient
+Σ_{k>j} γ^(s_k − s_{j+1}) dS_start(k) (+ the final state's) adds one product to its dc and dv.
+
 ``import leettriton`` does not import this module: ``import leettriton.distributed``.
 """
 from __future__ import annotations
 
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Optional, Sequence
 
 import torch
 
 from . import registry
 from .api import linear_attention as _single_device
+from .autograd import add_state_term, initial_state_grad, log2_gamma, output_grads
 from .autotune.families import current_family, is_interpreting
 from .kernels import segments
 from .methods.block_based.space import segment_length
 from .plan import run_problem
-from .problem import DTYPES, LAYOUTS, Problem, check_state, make_problem
+from .problem import DTYPES, LAYOUTS, Problem, check_state, make_problem, requires_grad
 
-__all__ = ["linear_attention", "simulate", "combine_states", "slice_state"]
+__all__ = ["linear_attention", "simulate", "combine_states", "combine_state_grads", "slice_state"]
 
 _WHERE = "leettriton.distributed.linear_attention"
 
 # the metadata row every rank gathers before any state moves (int64; γ's checksums as float64 bits)
 _FIELDS = ("ok", "batch", "heads", "r", "d", "n", "dtype", "layout", "method", "precision", "return_state",
-           "gamma", "gamma (weighted)")
+           "grad", "gamma", "gamma (weighted)")
 _AGREE = ("batch", "heads", "r", "d", "dtype", "layout", "method", "precision", "return_state", "gamma",
           "gamma (weighted)")
 _PRECISIONS = ("ieee", "tf32")
+# the "grad" field: grad mode off; on, but no input requires grad; on, and an input requires grad
+_GRAD_OFF, _GRAD_ON, _GRAD_NEEDED = 0, 1, 2
 
 
 def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", layout: str = "bhnd",
@@ -70,12 +78,24 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
 
     Raises:
         ValueError on **every** rank when the ranks disagree on batch, heads, r, d, dtype, layout,
-        method, precision, return_state or γ, or when one rank's arguments are invalid (that rank
-        raises its own error, the others a ValueError naming it).
-        NotImplementedError when a gradient is needed (the backward across ranks is not built yet).
+        method, precision, return_state or γ, when one rank's inputs require grad while another rank
+        runs with grad mode off, or when one rank's arguments are invalid (that rank raises its own
+        error, the others a ValueError naming it).
 
     Uses two all-gathers of the group (``torch.distributed``: NCCL for CUDA tensors, gloo for CPU
-    tensors) and one host synchronisation (the metadata check).
+    tensors) and one host synchronisation (the metadata check); the backward one more all-gather.
+
+    Autograd (docs/design.md §11.4): when the inputs (b, c, v, ``initial_state``) of **any** rank
+    require grad, the output and state of **every** rank carry the backward node, and the backward
+    of every rank joins one all-gather. So, as with any collective in autograd, every rank must run
+    a backward that reaches its output or its state, in the same order as the other ranks' calls
+    (a rank without a loss of its own: ``torch.autograd.backward(o_k, torch.zeros_like(o_k))``).
+    The gradients on each rank are those of the **sum of all ranks' losses** with respect to that
+    rank's inputs: the final state, returned on every rank, gets the sum of its gradients on all
+    ranks (a loss computed from it identically on every rank counts once per rank, so put it on one
+    rank). ``initial_state`` gets its gradient on rank 0; on the other ranks, which do not read it,
+    zeros. γ is a constant (a gamma that requires grad is refused); a backward with ``create_graph=True``
+    raises ``NotImplementedError``.
 
     Example (``torchrun --nproc-per-node 4 script.py``)::
 
@@ -84,6 +104,7 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
         >>> rows = slice(rank * n // world, (rank + 1) * n // world)
         >>> o_k, state = leettriton.distributed.linear_attention(b[:, :, rows], c[:, :, rows], v[:, :, rows],
         ...                                                      gamma, return_state=True)
+        >>> (o_k.float() * target[:, :, rows]).sum().backward()          # on every rank
     """
     dist = _distributed()
     if dist is None or not dist.is_initialized():
@@ -106,7 +127,7 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
         if rank > 0 and initial_state is not None:  # validated like rank 0's, then not read
             B, H, _, r, d = p.shape
             check_state("initial_state", initial_state, (B, H, r, d), p.v.device, optional=True)
-        meta = _metadata(p, name, layout).to(comm)
+        meta = _metadata(p, name, layout, _grad_mode(b, c, v, initial_state)).to(comm)
     except (TypeError, ValueError, NotImplementedError) as exc:
         error = exc
         meta = torch.zeros(len(_FIELDS), dtype=torch.int64, device=comm)
@@ -116,22 +137,125 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     meta_work = dist.all_gather(rows, meta, group=group, async_op=True)
     local = slice_state(p, name) if error is None else None          # 2. the state-only pass
     meta_work.wait()
-    lengths = _check_agreement(torch.stack(rows).cpu().tolist(), error)   # the one host sync; raises
+    lengths, differentiable = _check_agreement(torch.stack(rows).cpu().tolist(), error)   # the one host sync
 
+    scan = _Scan(dist, group, comm, rank, lengths, p.shape, name, gamma, p.gamma, layout, precision, return_state)
+    if not differentiable:
+        _states_and_output(scan, p, local)
+        return (out, p.state) if return_state else out
+    # every rank takes the node, those whose inputs need no gradient too (through the anchor), so that
+    # every rank's backward joins the backward's all-gather
+    anchor = torch.empty(0, device=p.v.device, requires_grad=True)
+    return _SequenceParallelFunction.apply(b, c, v, initial_state, anchor, scan,
+                                           partial(_states_and_output, scan, p, local), (out, p.state))
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """One rank's place in the scan, after the metadata check: what its forward and its backward need."""
+
+    dist: object                 # torch.distributed
+    group: object
+    comm: torch.device           # where the collectives' tensors live
+    rank: int
+    lengths: list                # rows per rank, in rank order
+    shape: tuple                 # this rank's (B, H, n, r, d)
+    name: str                    # the canonical method name
+    gamma: object                # γ as the caller gave it (for the backward's calls)
+    gamma_h: Optional[torch.Tensor]   # γ per head (H,), or None
+    layout: str
+    precision: Optional[str]
+    return_state: bool
+
+
+def _states_and_output(scan: _Scan, p: Problem, local: torch.Tensor) -> Optional[torch.Tensor]:
+    """Steps 3 and 4: the all-gather of the local states (``local``: this rank's), then this rank's output
+    pass from its true start state (and the final state into ``p.state`` when asked).  Returns the start
+    state (None on rank 0 without an initial state)."""
+    rank, world = scan.rank, len(scan.lengths)
     # 3. one all-gather of the local states: batch · heads · r · d float32 per rank
-    device = p.v.device
-    states = [torch.empty_like(local, device=comm) for _ in range(world)]
-    state_work = dist.all_gather(states, local.to(comm), group=group, async_op=True)
+    states = [torch.empty_like(local, device=scan.comm) for _ in range(world)]
+    state_work = scan.dist.all_gather(states, local.to(scan.comm), group=scan.group, async_op=True)
     if rank == 0:  # rank 0's start state is its own initial state: its output pass overlaps the gather
-        run_problem(replace(p, state=None), name)
+        run_problem(replace(p, state=None), scan.name)
     state_work.wait()
-    gathered = torch.stack(states).to(device)
+    gathered = torch.stack(states).to(p.v.device)
+    start = p.initial_state
     if rank > 0:   # 4. the output pass from the true start state
-        run_problem(replace(p, initial_state=combine_states(gathered, lengths, p.gamma, rank), state=None), name)
-    if return_state:
-        p.state.copy_(combine_states(gathered, lengths, p.gamma, world))
-        return out, p.state
-    return out
+        start = combine_states(gathered, scan.lengths, p.gamma, rank)
+        run_problem(replace(p, initial_state=start, state=None), scan.name)
+    if p.state is not None:
+        p.state.copy_(combine_states(gathered, scan.lengths, p.gamma, world))
+    return start
+
+
+class _SequenceParallelFunction(torch.autograd.Function):
+    """A rank's output (and the final state) as an autograd node whose backward is the reverse scan.
+
+    ``apply(b, c, v, initial_state, anchor, scan, run, outputs)``: the rank's inputs as the caller gave
+    them, an empty tensor that requires grad (so that a rank whose inputs do not still takes the node),
+    its :class:`_Scan`, the forward's remaining steps (``run()`` fills the outputs and returns the start
+    state) and the (output, state or None) it fills.  Saves b, c, v and the rank's start state; the
+    outputs are not kept.
+    """
+
+    @staticmethod
+    def forward(ctx, b, c, v, initial_state, anchor, scan: _Scan, run, outputs):
+        ctx.set_materialize_grads(False)  # a gradient that is not given (an unused output) is None, not zeros
+        ctx.scan, ctx.start = scan, run()
+        ctx.save_for_backward(b, c, v)
+        return outputs if scan.return_state else outputs[0]
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_state=None):
+        b, c, v = ctx.saved_tensors
+        need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[:4]
+        db, dc, dv, ds0 = _backward(ctx.scan, ctx.start, b, c, v, grad_out, grad_state, need_b=need_b,
+                                    need_c=need_c, need_v=need_v, need_s0=need_s0)
+        return db, dc, dv, ds0, None, None, None, None
+
+
+def _backward(scan: _Scan, start, b, c, v, grad_out, grad_state, *, need_b: bool, need_c: bool, need_v: bool,
+              need_s0: bool):
+    """This rank's (db, dc, dv, d initial_state): its output's share from the local calls of §10.1, then the
+    gradient of its slice's end state from the later ranks' start-state gradients (one all-gather)."""
+    if torch.is_grad_enabled():   # every rank's backward is taken the same way, so every rank raises here
+        raise NotImplementedError(f"{_WHERE}: a backward with create_graph=True (gradients of gradients) is not "
+                                  f"implemented across ranks: the all-gather of the state gradients is not "
+                                  f"differentiable")
+    rank, lengths, layout, gamma = scan.rank, scan.lengths, scan.layout, scan.gamma
+    B, H, n, r, d = scan.shape
+    op = partial(_single_device, method=scan.name, layout=layout, precision=scan.precision)
+    lam = log2_gamma(gamma, H, v.device)
+    # the reversed calls first: dc, dv from this rank's output, and its start state's gradient, which the
+    # earlier ranks wait for (rank 0's is needed only for the initial state's gradient)
+    need_start = n > 0 and (rank > 0 or need_s0)
+    _, dc, dv, state_rev = output_grads(op, b, c, v, None, gamma, grad_out, layout, need_b=False, need_c=need_c,
+                                        need_v=need_v, need_state=need_start)
+    zeros = torch.zeros((B, H, r, d), dtype=torch.float32, device=v.device)
+    start_grad = zeros if state_rev is None else initial_state_grad(state_rev, None, lam, n)
+    sent = [start_grad]
+    if scan.return_state:   # the returned final state's gradient on this rank (summed over the ranks)
+        sent.append(zeros if grad_state is None else grad_state.to(torch.float32))
+    sent = torch.stack(sent).to(scan.comm)
+    received = [torch.empty_like(sent) for _ in lengths]
+    work = scan.dist.all_gather(received, sent, group=scan.group, async_op=True)
+    db = None
+    if need_b:   # db needs nothing from the other ranks: it overlaps the gather
+        db = output_grads(op, b, c, v, start, gamma, grad_out, layout, need_b=True, need_c=False, need_v=False,
+                          need_state=False)[0]
+    work.wait()
+    received = torch.stack(received).to(v.device)                      # [W, 1 or 2, B, H, r, d]
+    end_grad = combine_state_grads(received[:, 0], lengths, scan.gamma_h, rank,
+                                   received[:, 1] if scan.return_state else None)
+    if need_c:
+        dc = add_state_term(dc, v, end_grad.transpose(-1, -2), lam, layout, c.dtype)
+    if need_v:
+        dv = add_state_term(dv, c, end_grad, lam, layout, v.dtype)
+    ds0 = None
+    if need_s0:   # rank 0 reads the initial state; the other ranks do not, so its gradient there is zero
+        ds0 = initial_state_grad(state_rev, end_grad, lam, n) if rank == 0 else zeros
+    return db, dc, dv, ds0
 
 
 def simulate(b, c, v, gamma=None, *, lengths: Sequence[int], method: str = "auto", layout: str = "bhnd",
@@ -183,33 +307,29 @@ def _comm_device(dist, group) -> torch.device:
 
 
 def _local_problem(b, c, v, gamma, method, layout, initial_state, return_state, precision):
-    """This rank's validated call: (method name, Problem with ``state`` allocated when asked, output)."""
+    """This rank's validated call: (method name, Problem with ``state`` allocated when asked, output).
+
+    The problem holds the inputs detached: the passes are not recorded by autograd, whose node (if any)
+    is :class:`_SequenceParallelFunction`."""
     name = registry.canonical_method(method)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in (b, c, v, initial_state)):
-        _backward_not_built()
+    b, c, v, initial_state = (x.detach() if isinstance(x, torch.Tensor) else x for x in (b, c, v, initial_state))
     p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
                           precision=precision, where=_WHERE)
     return name, p, out
 
 
-def _backward_not_built():
-    """The hook for the backward across ranks (docs/design.md §11.4).
-
-    It is the forward's scan run in reverse: each rank computes the gradient dS_k of its slice's start
-    state from zero, one all-gather of those, and rank k's true end-state gradient
-    Σ_{j>k} γ^(s_j − s_{k+1}) dS_j feeds its local backward.  It needs the single-device backward.
-    """
-    raise NotImplementedError(
-        f"{_WHERE}: gradients across ranks are not implemented yet (the single-device backward they build "
-        f"on is another issue); call it under torch.no_grad() or with inputs that do not require grad")
+def _grad_mode(*inputs) -> int:
+    """This rank's "grad" field: _GRAD_OFF, _GRAD_ON or _GRAD_NEEDED."""
+    if not torch.is_grad_enabled():
+        return _GRAD_OFF
+    return _GRAD_NEEDED if requires_grad(*inputs) else _GRAD_ON
 
 
-def _metadata(p: Problem, name: str, layout: str) -> torch.Tensor:
+def _metadata(p: Problem, name: str, layout: str, grad: int) -> torch.Tensor:
     """This rank's metadata row (see ``_FIELDS``), on the inputs' device; γ's checksums stay on the device."""
     B, H, n, r, d = p.shape
     ints = [1, B, H, r, d, n, DTYPES.index(p.v.dtype), LAYOUTS.index(layout), zlib.crc32(name.encode()),
-            _PRECISIONS.index(p.precision), int(p.state is not None)]
+            _PRECISIONS.index(p.precision), int(p.state is not None), grad]
     g = (torch.ones(H, dtype=torch.float64, device=p.v.device) if p.gamma is None
          else p.gamma.to(torch.float64))
     weights = torch.arange(1, H + 1, dtype=torch.float64, device=g.device)
@@ -234,9 +354,10 @@ def _describe(field: str, value: int) -> str:
     return str(value)
 
 
-def _check_agreement(rows: Sequence[Sequence[int]], error: Optional[BaseException]) -> list[int]:
+def _check_agreement(rows: Sequence[Sequence[int]], error: Optional[BaseException]) -> tuple[list[int], bool]:
     """Raise on every rank (the same message everywhere) unless all ranks validated and agree; else the
-    slice lengths, in rank order."""
+    slice lengths, in rank order, and whether the call takes the backward node (some rank's inputs
+    require grad)."""
     failed = [k for k, row in enumerate(rows) if row[0] != 1]
     if failed:
         if error is not None:
@@ -252,7 +373,20 @@ def _check_agreement(rows: Sequence[Sequence[int]], error: Optional[BaseExceptio
             raise ValueError(f"{_WHERE}: the ranks disagree on {name} ({shown}); every rank must pass the same "
                              f"batch, heads, r, d, dtype, gamma, layout, method, precision and return_state, "
                              f"only the slice length may differ")
-    return [row[_FIELDS.index("n")] for row in rows]
+    grad = [row[_FIELDS.index("grad")] for row in rows]
+    needed = [k for k, g in enumerate(grad) if g == _GRAD_NEEDED]
+    off = [k for k, g in enumerate(grad) if g == _GRAD_OFF]
+    if needed and off:
+        raise ValueError(f"{_WHERE}: the ranks disagree on grad mode: the inputs of rank{_plural(needed)} require "
+                         f"grad, but rank{_plural(off)} run{'s' if len(off) == 1 else ''} with grad mode off "
+                         f"(torch.no_grad); the backward's all-gather needs every rank, so every rank must call "
+                         f"with grad mode on, or every rank without gradients")
+    return [row[_FIELDS.index("n")] for row in rows], bool(needed)
+
+
+def _plural(ranks: Sequence[int]) -> str:
+    """"s 0, 2" or " 1": the ranks after the word rank."""
+    return ("s " if len(ranks) > 1 else " ") + ", ".join(map(str, ranks))
 
 
 def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
@@ -310,3 +444,41 @@ def combine_states(states: torch.Tensor, lengths: Sequence[int], gamma: Optional
         lam = torch.log2(gamma.to(device=states.device, dtype=torch.float64))
         weights = torch.exp2(distance[:, None] * lam[None, :]).float()            # [upto, H]
     return torch.einsum("jh,jbhrd->bhrd", weights, states[:upto])
+
+
+def combine_state_grads(start_grads: torch.Tensor, lengths: Sequence[int], gamma: Optional[torch.Tensor],
+                        after: int, final_grads: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The gradient of slice ``after``'s end state: Σ_{k>after} γ^(s_k − s_{after+1}) dS_start(k), plus
+    γ^(N − s_{after+1}) Σ_k dS_final(k) with ``final_grads``; float32 ``(B, H, r, d)``.
+
+    The reverse of :func:`combine_states` (docs/design.md §11.4): slice ``after``'s end state is the
+    start state of every later slice, decayed, and part of the final state.
+
+    Args:
+        start_grads: float32 ``(slices, B, H, r, d)``: the gradient of each slice's start state from its
+            own output alone.
+        lengths: rows per slice (Python ints), so s_k = Σ_{i<k} lengths[i] and N = Σ lengths.
+        gamma: ``(H,)`` γ per head, or None (no decay).
+        after: 0 … slices − 1.
+        final_grads: float32 ``(slices, B, H, r, d)``: the final state's gradient on each rank (their
+            sum is the final state's gradient), or None.
+
+    Every factor is exp2(λ · distance) with distance = s_k − s_{after+1} ≥ 0 (docs/design.md §2.1).
+    """
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + int(n))
+    end = bounds[after + 1]
+    grads, distance = list(start_grads[after + 1:]), [bounds[k] - end for k in range(after + 1, len(lengths))]
+    if final_grads is not None:   # the final state: a start state at N, its gradient summed over the ranks
+        grads.append(final_grads.sum(0))
+        distance.append(bounds[-1] - end)
+    if not grads:
+        return torch.zeros_like(start_grads[0])
+    grads = torch.stack(grads)
+    if gamma is None:
+        return grads.sum(0)
+    lam = torch.log2(gamma.to(device=grads.device, dtype=torch.float64))
+    dist = torch.tensor(distance, dtype=torch.float64, device=grads.device)                  # ≥ 0
+    weights = torch.exp2(dist[:, None] * lam[None, :]).float()                                 # [later, H]
+    return torch.einsum("kh,kbhrd->bhrd", weights, grads)

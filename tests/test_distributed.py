@@ -2,7 +2,8 @@
 
 Each world size is spawned once (torch.multiprocessing, a file store in a temporary folder, a 60 s
 collective timeout so that a hang fails); its workers run every case below and save what each rank
-returned or raised, and the named tests judge those files.  Every rank builds the whole sequence from
+returned or raised (outputs, states, and the gradients of each rank's slice after a backward on every
+rank), and the named tests judge those files.  Every rank builds the whole sequence from
 the case's seed and passes its own rows; every output the package allocates is NaN-poisoned in the
 workers as in conftest.py.
 """
@@ -103,7 +104,8 @@ BAD_CASES = [BadCase("heads", "disagree on heads"), BadCase("r", "disagree on r"
              BadCase("dtype", "disagree on dtype"), BadCase("gamma", "disagree on gamma"),
              BadCase("layout", "disagree on layout"), BadCase("method", "disagree on method"),
              BadCase("invalid-v", "rejected its arguments"),
-             BadCase("grad", "rejected its arguments", {1: NotImplementedError})]
+             BadCase("gamma-requires-grad", "rejected its arguments", {1: NotImplementedError}),
+             BadCase("grad-mode", "disagree on grad mode")]
 
 
 def _bad_call(case: BadCase, rank: int, world: int):
@@ -120,9 +122,116 @@ def _bad_call(case: BadCase, rank: int, world: int):
         kwargs["layout"] = "bnhd"
     if case.name == "invalid-v" and odd:
         v = v[0]
-    if case.name == "grad" and rank == 1:
+    if case.name == "gamma-requires-grad" and rank == 1:
+        kwargs["gamma"] = torch.full((H,), 0.9, requires_grad=True)
+    if case.name == "grad-mode" and rank == 1:   # rank 1 needs gradients, the others run under no_grad
         b.requires_grad_(True)
     return b, c, v, kwargs
+
+
+def _bad_grad_mode(case: BadCase, rank: int) -> bool:
+    return not (case.name == "grad-mode" and rank != 1)
+
+
+@dataclass(frozen=True)
+class GradCase(SPCase):
+    """A training step across the ranks: each rank's loss Σ W_o ⊙ o_k (its rows of one weight tensor of the
+    whole sequence, in the inputs' dtype, so exact) + Σ W_S(k) ⊙ S (a float32 weight of its own on each rank:
+    the final state's gradients add up over the ranks), then a backward on every rank.
+
+    ``needs``: the inputs that require grad (b, c, v, s: the initial state, passed on every rank);
+    ``grad_ranks``: the ranks whose inputs require grad (None: all); ``pieces``: consecutive calls over
+    consecutive sequences of ``lengths`` rows each, the state of one passed as the next one's initial state
+    on every rank (so the initial state's gradient of the next call reaches the state of the previous);
+    ``last_rank_loss_only``: the other ranks have no loss and run ``torch.autograd.backward(o_k, 0)``."""
+
+    out_loss: bool = True
+    state_loss: bool = True
+    needs: str = "bcvs"
+    grad_ranks: object = None
+    pieces: int = 1
+    last_rank_loss_only: bool = False
+
+    def n(self, world: int) -> int:
+        return self.pieces * sum(self.lengths[world])
+
+    def piece_rows(self, world: int, rank: int, piece: int) -> slice:
+        rows, shift = self.rows(world, rank), piece * sum(self.lengths[world])
+        return slice(rows.start + shift, rows.stop + shift)
+
+    def weights(self, world: int):
+        """The loss's weights: of the whole output (inputs' dtype), and of the final state on each rank (float32);
+        zero where a rank has no loss."""
+        g = torch.Generator().manual_seed(self.seed + 1000)
+        b, _, v, _, _ = self.inputs(world)
+        w_out = torch.randn(v.shape, generator=g).to(self.dtype)
+        w_states = [torch.randn(self.B, self.H, self.r, self.d, generator=g) for _ in range(world)]
+        for rank in range(world):
+            if not self.has_loss(rank, world):
+                w_states[rank].zero_()
+                for piece in range(self.pieces):
+                    _take(w_out, self.piece_rows(world, rank, piece), self.layout).zero_()
+        return w_out, w_states
+
+    def requires_grad(self, rank: int, key: str) -> bool:
+        return key in self.needs and (self.grad_ranks is None or rank in self.grad_ranks)
+
+    def has_loss(self, rank: int, world: int) -> bool:
+        return not self.last_rank_loss_only or rank == world - 1
+
+
+GRAD_CASES = [
+    GradCase("grad-decay-initial-uneven", {2: (11, 4), 3: (5, 0, 12)}, gamma=0.7, initial=True),
+    GradCase("grad-no-decay-first-empty-bnhd-output-loss", {2: (0, 9), 3: (0, 7, 3)},
+             method="causal_dot_product_torch", layout="bnhd", initial=True, return_state=False, state_loss=False),
+    GradCase("grad-gamma-tensor-bfloat16-state-loss-only", {2: (6, 6), 3: (3, 4, 5)}, method="block_based_torch",
+             dtype=torch.bfloat16, gamma=(0.5, 1.0), out_loss=False, seed=1),
+    GradCase("grad-float16-last-empty-state-unused", {2: (13, 0), 3: (6, 7, 0)}, method="vanilla_torch",
+             dtype=torch.float16, gamma=0.95, initial=True, state_loss=False, seed=2),
+    GradCase("grad-all-empty", {2: (0, 0), 3: (0, 0, 0)}, gamma=0.9, initial=True),
+    # the later ranks' inputs need no gradient, yet their outputs' losses reach rank 0's c, v, S₀
+    GradCase("grad-first-rank-only", {2: (7, 9), 3: (4, 6, 5)}, gamma=(0.9, 0.6), initial=True, grad_ranks=(0,),
+             seed=3),
+    # only the last rank has a loss: the others' gradients all come through the reverse scan
+    GradCase("grad-last-rank-loss-only", {2: (8, 5), 3: (6, 3, 4)}, gamma=0.9, layout="bnhd", initial=True,
+             last_rank_loss_only=True, seed=6),
+    GradCase("grad-c-v-only-two-pieces", {2: (5, 6), 3: (2, 5, 4)}, gamma=0.8, initial=True, needs="cvs",
+             pieces=2, seed=4),
+    GradCase("grad-triton-lightning-attention", {2: (20, 13), 3: (7, 0, 26)}, method="lightning_attention",
+             gamma=0.8, initial=True, B=1, r=8, d=8, seed=5),
+]
+
+
+def _grad_step(case: GradCase, rank: int, world: int):
+    """This rank's share of ``case``'s training step: whether its output requires grad, and the gradients of
+    its leaves (per input, one per piece)."""
+    b, c, v, gamma, s0 = case.inputs(world)
+    w_out, w_states = case.weights(world)
+    leaves: dict = {}
+
+    def leaf(key, x):
+        x = x.clone().requires_grad_(case.requires_grad(rank, key))
+        leaves.setdefault(key, []).append(x)
+        return x
+
+    state = None if s0 is None else leaf("s", s0)
+    loss = torch.zeros(())
+    for piece in range(case.pieces):
+        rows = case.piece_rows(world, rank, piece)
+        b_k, c_k, v_k = (leaf(key, _take(x, rows, case.layout)) for key, x in zip("bcv", (b, c, v)))
+        return_state = case.return_state or case.state_loss or piece < case.pieces - 1
+        res = leettriton.distributed.linear_attention(b_k, c_k, v_k, gamma, method=case.method, layout=case.layout,
+                                                      initial_state=state, return_state=return_state)
+        out, state = res if return_state else (res, None)
+        if case.out_loss:
+            loss = loss + (out.float() * _take(w_out, rows, case.layout).float()).sum()
+    if case.state_loss:
+        loss = loss + (state * w_states[rank]).sum()
+    if case.has_loss(rank, world):
+        loss.backward()
+    else:   # a rank without a loss of its own still joins the backward
+        torch.autograd.backward(out, torch.zeros_like(out))
+    return out.requires_grad, {key: [x.grad for x in xs] for key, xs in leaves.items()}
 
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
@@ -147,10 +256,23 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         b, c, v, kwargs = _bad_call(case, rank, world)
         gamma = kwargs.pop("gamma")
         try:
-            leettriton.distributed.linear_attention(b, c, v, gamma, **kwargs)
+            with torch.set_grad_enabled(_bad_grad_mode(case, rank)):
+                leettriton.distributed.linear_attention(b, c, v, gamma, **kwargs)
             results["bad-" + case.name] = ("ok", None)
         except Exception as exc:
             results["bad-" + case.name] = ("raised", type(exc).__name__, str(exc))
+    for case in GRAD_CASES:
+        try:
+            results[case.name] = ("ok", *_grad_step(case, rank, world))
+        except Exception as exc:
+            results[case.name] = ("raised", type(exc).__name__, str(exc))
+    try:   # gradients of gradients: refused on every rank, before any collective
+        b, c, v = (torch.randn(1, 2, 3, 4, requires_grad=True) for _ in range(3))
+        out = leettriton.distributed.linear_attention(b, c, v, 0.9, method="vanilla_torch")
+        torch.autograd.grad(out.sum(), [b, c, v], create_graph=True)
+        results["create-graph"] = ("ok", None)
+    except Exception as exc:
+        results["create-graph"] = ("raised", type(exc).__name__, str(exc))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -204,8 +326,83 @@ def test_ranks_that_disagree_all_raise(world, case):
         if rank not in own:
             assert case.says in got[2], f"rank {rank} of {world}: {got[2]}"
     assert len({got[2] for rank, got in enumerate(outcomes) if rank not in own}) == 1, "different messages"
-    if case.name == "grad":
-        assert "not implemented" in outcomes[1][2]
+    if case.name == "gamma-requires-grad":
+        assert "gradients with respect to gamma" in outcomes[1][2]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_backward_with_create_graph_raises_on_every_rank(world):
+    for rank, results in enumerate(run_world(world)):
+        got = results["create-graph"]
+        assert got[:2] == ("raised", "NotImplementedError"), f"rank {rank} of {world}: {got}"
+        assert "create_graph=True" in got[2]
+
+
+def oracle_gradients(case: GradCase, world: int, rows=None) -> dict:
+    """The float64 oracle's gradients of the whole sequence's loss (the sum of every rank's), with respect to
+    the whole b, c, v and the initial state (float32 copies of the inputs, so float32 gradients); ``rows``:
+    the loss of the output on those rows only, and none on the state."""
+    b, c, v, gamma, s0 = case.inputs(world)
+    w_out, w_states = case.weights(world)
+    leaves = {key: x.detach().float().requires_grad_(key in case.needs)
+              for key, x in zip("bcvs", (b, c, v, s0)) if x is not None}
+    out, state = reference(leaves["b"], leaves["c"], leaves["v"], gamma, layout=case.layout,
+                           initial_state=leaves.get("s"), return_state=True)
+    loss = torch.zeros((), dtype=torch.float64)
+    if case.out_loss or rows is not None:
+        w = w_out.double() if rows is None else torch.zeros_like(w_out.double())
+        if rows is not None:
+            _take(w, rows, case.layout).copy_(_take(w_out, rows, case.layout).double())
+        loss = loss + (out * w).sum()
+    if case.state_loss and rows is None:
+        loss = loss + (state * torch.stack(w_states).sum(0).double()).sum()
+    wanted = [key for key in leaves if leaves[key].requires_grad]
+    if not loss.requires_grad:   # nothing of the loss depends on the inputs (an empty sequence's output)
+        return {key: torch.zeros_like(leaves[key]) for key in wanted}
+    grads = torch.autograd.grad(loss, [leaves[key] for key in wanted], allow_unused=True, materialize_grads=True)
+    return dict(zip(wanted, grads))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c.name for c in GRAD_CASES])
+def test_every_rank_gradients_match_the_oracle(world, case):
+    """Each rank's gradients of its slices of b, c, v (every piece) and of the initial state (rank 0; zeros
+    elsewhere) equal the oracle's gradients of the sum of all ranks' losses, at the dtype's tolerance."""
+    want = oracle_gradients(case, world)
+    tol = tolerance(case.dtype)
+    for rank, results in enumerate(run_world(world)):
+        got = results[case.name]
+        assert got[0] == "ok", f"rank {rank} raised {got[1]}: {got[2]}"
+        output_requires_grad, grads = got[1], got[2]
+        assert output_requires_grad, f"rank {rank} of {world}: the output is not in the graph"
+        for key in "bcvs":
+            for piece, grad in enumerate(grads.get(key, [])):
+                what = f"rank {rank} of {world}: d{key}" + (f" of piece {piece}" if case.pieces > 1 else "")
+                if not case.requires_grad(rank, key):
+                    assert grad is None, f"{what}: a gradient for an input that does not require grad"
+                    continue
+                if key == "s":
+                    assert grad is None or grad.dtype == torch.float32
+                    expected = want["s"] if rank == 0 else torch.zeros_like(want["s"])
+                else:
+                    assert grad is None or grad.dtype == case.dtype, f"{what}: dtype {grad.dtype}"
+                    expected = _take(want[key], case.piece_rows(world, rank, piece), case.layout)
+                if grad is None:   # no path from the loss to this input (b, with a loss on the state alone)
+                    grad = torch.zeros_like(expected, dtype=torch.float32 if key == "s" else case.dtype)
+                assert_close(grad, expected, tol, what)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_gradient_cases_need_the_reverse_scan(world):
+    """Rank 0's gradients of c and v differ from those of its own output's loss alone, by far more than the
+    tolerance: the cases above pass only if the later ranks' gradients reach it through the reverse scan."""
+    case = GRAD_CASES[0]
+    full, local = oracle_gradients(case, world), oracle_gradients(case, world, rows=case.rows(world, 0))
+    for key in "cv":
+        mine = _take(full[key], case.rows(world, 0), case.layout)
+        with pytest.raises(AssertionError, match="relative error"):
+            assert_close(_take(local[key], case.rows(world, 0), case.layout), mine, 100 * tolerance(case.dtype),
+                         f"d{key}")
 
 
 def test_without_a_process_group_it_is_the_single_device_call():

@@ -14,13 +14,14 @@ import torch
 from . import registry
 from .autograd import attach_backward
 from .compat import decoder_arguments
-from .kernels.decode import decode_step_impl
+from .kernels.decode import decode_step_impl, decode_tokens_impl
 from .methods import builtin_methods
 from .plan import run_problem
-from .problem import (check_autograd, check_constant_gamma, check_dims, check_state, check_tensor, make_problem,
-                      new_empty, requires_grad, resolve_gamma)
+from .problem import (check_autograd, check_bool, check_constant_gamma, check_dims, check_index, check_pool,
+                      check_slot_values, check_state, check_tensor, make_problem, new_empty, requires_grad,
+                      resolve_gamma)
 
-__all__ = ["linear_attention", "decode_step", "method_function", "causal_linear_decoder"]
+__all__ = ["linear_attention", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
 
 registry.install_builtins(builtin_methods())
 
@@ -114,7 +115,7 @@ def method_function(name: str) -> Callable:
     return method_fn
 
 
-def decode_step(b_t, c_t, v_t, state, gamma=None):
+def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots: bool = True):
     """One generated token: S ← γ S + c_tᵀ v_t, o_t = b_t S.  The state is updated **in place**.
 
     Args:
@@ -122,20 +123,35 @@ def decode_step(b_t, c_t, v_t, state, gamma=None):
             (float16, bfloat16 or float32), one device.
         state: float32 ``(batch, heads, r, d)``, e.g. from
             ``linear_attention(..., return_state=True)``; overwritten with the new state.
+            With ``slot_ids``: a pool ``(slots, heads, r, d)`` of states (docs/design.md §13.1).
         gamma: as in :func:`linear_attention`.
+        slot_ids: ``None``, or an int32/int64 tensor ``(batch,)`` on the inputs' device: row i reads
+            and updates ``state[slot_ids[i]]`` in place; a negative id is padding (its output row is
+            zero and no state is touched).  The slot is read by the kernel itself: no gather, no copy.
+        check_slots: check the slot ids' values (below ``slots``, no slot twice), which costs one device
+            sync on CUDA, once per version of the ``slot_ids`` tensor (never during CUDA graph capture).
+            ``False`` skips it: a repeated slot is then a race, and an id past the pool gives a NaN output
+            row and touches no state.
 
     Returns:
         ``(o_t, state)``: o_t ``(batch, heads, d)`` in v_t's dtype, and ``state`` itself.
 
     On CUDA the step launches one kernel and never synchronises, so it can be
     captured in a CUDA graph: call it once before capture so that a tensor gamma
-    is validated (one sync per gamma tensor version) and a float gamma is cached.
+    is validated (one sync per gamma tensor version) and a float gamma is cached;
+    a slotted step captured with a fixed ``slot_ids`` buffer reads whatever ids the
+    buffer holds at each replay.
 
     Example::
 
         >>> o, state = leettriton.linear_attention(b, c, v, 0.99, return_state=True)   # prefill
         >>> o_t, state = leettriton.decode_step(b_t, c_t, v_t, state, 0.99)            # one token
+        >>> pool = torch.zeros(256, heads, r, d, device="cuda")                         # a server's states
+        >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)
     """
+    if slot_ids is not None:
+        out, _ = _decode_tokens(b_t, c_t, v_t, state, gamma, slot_ids, False, check_slots, one_token=True)
+        return out[:, :, 0], state
     try:  # what the checks below read; a signature seen before needs none of them again
         signature = (b_t.shape, c_t.shape, v_t.shape, state.shape, b_t.dtype, c_t.dtype, v_t.dtype, state.dtype,
                      b_t.device, c_t.device, v_t.device, state.device, type(b_t), type(c_t), type(v_t), type(state))
@@ -182,6 +198,82 @@ def _check_decode_step(b_t, c_t, v_t, state) -> None:
     d = v_t.shape[-1]
     check_dims(r, d, "decode_step")
     check_state("state", state, (B, H, r, d), v_t.device)
+
+
+def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False,
+                  check_slots: bool = True):
+    """k new tokens per sequence in one launch (speculative-decoding verification): k decode steps.
+
+    Token j of row i updates the state, S ← γ S + c_jᵀ v_j, and gives o_j = b_j S, for j = 0 … k − 1,
+    in order, in place on the state (docs/design.md §13.1).
+
+    Args:
+        b, c: ``(batch, heads, k, r)``; v: ``(batch, heads, k, d)``; k ≥ 1; one dtype and device.
+        state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``.
+        gamma: as in :func:`linear_attention`.
+        slot_ids, check_slots: as in :func:`decode_step`.
+        keep_states: also return ``states``, float32 ``(batch, heads, k + 1, r, d)``: ``states[:, :, j]``
+            is the state after the first j tokens (j = 0: the state before the call), so a server that
+            accepts the first a_i tokens of row i rolls back with ``pool[slot_ids[i]] = states[i, :, a_i]``.
+            A padding row's kept states are zeros.
+
+    Returns:
+        ``(o, state)``, or ``(o, state, states)`` with ``keep_states``: o ``(batch, heads, k, d)`` in v's
+        dtype; ``state`` itself, after all k tokens.
+
+    Example::
+
+        >>> o, pool, states = leettriton.decode_tokens(b, c, v, pool, 0.99, slot_ids=slots, keep_states=True)
+        >>> pool[slots] = states[torch.arange(len(slots)), :, accepted]      # roll back to the accepted prefix
+    """
+    check_bool("keep_states", keep_states)
+    out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
+    return (out, state, kept) if keep_states else (out, state)
+
+
+def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slots: bool, *, one_token: bool):
+    """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), kept or None)."""
+    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+    rank = 3 if one_token else 4
+    dims = "(batch, heads, dim)" if one_token else "(batch, heads, k, dim)"
+    b, c, v = (check_tensor(name, x) for name, x in zip(names, (b, c, v)))
+    for name, x in zip(names, (b, c, v)):
+        if x.dim() != rank:
+            raise ValueError(f"{name} must be {rank}-D {dims}, got shape {tuple(x.shape)}")
+    if not (b.dtype == c.dtype == v.dtype):
+        raise TypeError(f"{', '.join(names[:2])} and {names[2]} must share one dtype, got {b.dtype}, {c.dtype}, "
+                        f"{v.dtype}")
+    if not (b.device == c.device == v.device):
+        raise ValueError(f"{', '.join(names[:2])} and {names[2]} must be on one device, got {b.device}, "
+                         f"{c.device}, {v.device}")
+    if one_token:
+        b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    B, H, K, r = b.shape
+    if tuple(c.shape) != (B, H, K, r):
+        raise ValueError(f"{names[1]} must have the shape of {names[0]} {tuple(b.shape)}, got {tuple(c.shape)}")
+    if tuple(v.shape[:3]) != (B, H, K):
+        lead = "batch and heads" if one_token else "batch, heads and k"
+        raise ValueError(f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape "
+                         f"{tuple(b.shape)}, {names[2]} has shape {tuple(v.shape)}")
+    if K < 1:
+        raise ValueError(f"decode_tokens needs k ≥ 1 new tokens per sequence, got k = {K}")
+    d = v.shape[-1]
+    check_dims(r, d, "decode_tokens")
+    check_bool("check_slots", check_slots)
+    if slot_ids is None:
+        check_state("state", state, (B, H, r, d), v.device)
+    else:
+        check_pool("state", state, H, r, d, v.device)
+        check_index("slot_ids", slot_ids, B, v.device, "the state pool's slot of each batch row, < 0: padding")
+        check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
+    check_constant_gamma(gamma)
+    check_autograd("decode_tokens", b, c, v, state)
+    gamma_h = resolve_gamma(gamma, H, v.device)
+    out = new_empty((B, H, K, d), v.dtype, v.device)
+    kept = new_empty((B, H, K + 1, r, d), torch.float32, v.device) if keep_states else None
+    if B and H:
+        decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
+    return out, kept
 
 
 def causal_linear_decoder(B, C, V, is_mask_weight: bool = False, gamma=None, attn_method: Optional[str] = None):

@@ -18,7 +18,8 @@ import torch
 __all__ = [
     "Problem", "make_problem", "check_tensor", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
-    "LAYOUTS", "PRECISIONS",
+    "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
+    "INDEX_DTYPES",
 ]
 
 MAX_DIM = 1024
@@ -156,18 +157,22 @@ def check_constant_gamma(gamma) -> None:
 
 # --------------------------------------------------------------------------- gamma
 
-class _CheckedGammas:
-    """Which gamma tensors have had their values checked, so a CUDA gamma costs one sync per version.
+class _CheckedTensors:
+    """Which tensors have had their values checked, so a CUDA tensor costs one sync per version.
 
-    Only the *check* is remembered: the kernels always read γ from the tensor
+    Only the *check* is remembered: the kernels always read the values from the tensor
     itself, so a write that bypasses the version counter (``.data``, a NumPy
-    view, an inference tensor, which has none) can never leave a call running
-    with old values; a value outside (0, 1] written that way makes the kernels'
-    λ NaN, so the output is NaN rather than silently wrong (docs/design.md §2).
+    view) can never leave a call running with old values.  For γ, a value outside (0, 1]
+    written that way makes the kernels' λ NaN, so the output is NaN rather than silently wrong
+    (docs/design.md §2); for slot ids and sequence offsets the kernels clamp what they read
+    (docs/design.md §13.3).  ``remember_unversioned``: whether a tensor without a version
+    counter (an inference tensor) is remembered too (γ: yes, it is rarely rewritten; indices: no,
+    a server rewrites them every step).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, remember_unversioned: bool = True) -> None:
         self._seen: dict[int, tuple] = {}
+        self._remember_unversioned = remember_unversioned
 
     @staticmethod
     def _version(g: torch.Tensor):
@@ -176,11 +181,24 @@ class _CheckedGammas:
         except RuntimeError:  # inference tensors track no version
             return None
 
-    def check(self, g: torch.Tensor) -> None:
-        key = id(g)
+    def seen(self, g: torch.Tensor, context=None) -> bool:
+        """Whether ``g`` passed a check against ``context`` (what else the check read) at its current version."""
+        hit = self._seen.get(id(g))
+        return (hit is not None and hit[0]() is g and hit[1] == self._version(g) and hit[2] == g.data_ptr()
+                and hit[3] == context)
+
+    def remember(self, g: torch.Tensor, context=None) -> None:
+        if g.device.type == "cpu":
+            return  # cheap to check again on every call
         version = self._version(g)
-        hit = self._seen.get(key)
-        if hit is not None and hit[0]() is g and hit[1] == version and hit[2] == g.data_ptr():
+        if version is None and not self._remember_unversioned:
+            return
+        key = id(g)
+        self._seen[key] = (weakref.ref(g, lambda _r, k=key: self._seen.pop(k, None)), version, g.data_ptr(), context)
+
+    def check(self, g: torch.Tensor) -> None:
+        """γ's values: in (0, 1], no NaN."""
+        if self.seen(g):
             return
         flat = g.detach().reshape(-1)
         # one device->host transfer for every check
@@ -188,12 +206,10 @@ class _CheckedGammas:
         if bad_nan or bad_low or bad_high:
             what = "NaN" if bad_nan else ("≤ 0" if bad_low else "> 1")
             raise ValueError(f"gamma must hold values in (0, 1], got a value {what} in {type_name(g)}")
-        if g.device.type == "cpu":
-            return  # cheap to check again on every call
-        self._seen[key] = (weakref.ref(g, lambda _r, k=key: self._seen.pop(k, None)), version, g.data_ptr())
+        self.remember(g)
 
 
-_CHECKED = _CheckedGammas()
+_CHECKED = _CheckedTensors()
 _FLOAT_GAMMAS: dict[tuple, torch.Tensor] = {}
 
 
@@ -234,6 +250,86 @@ def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint: str = ""
     if math.isnan(g) or not (0.0 < g <= 1.0):
         raise ValueError(f"gamma must lie in (0, 1], got {g!r}")
     return None if g == 1.0 else _float_gamma(g, heads, device)
+
+
+# --------------------------------------------------------------------------- indices (docs/design.md §13.3)
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+_CHECKED_INDICES = _CheckedTensors(remember_unversioned=False)
+
+
+def check_index(name: str, x, length: Optional[int], device: torch.device, what: str) -> torch.Tensor:
+    """A 1-D int32/int64 tensor on ``device`` (of ``length`` entries unless None); ``what`` says what
+    its entries are, for the message."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a 1-D int32 or int64 tensor ({what}), got {type_name(x)}")
+    if x.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64 ({what}), got dtype {x.dtype}")
+    if x.dim() != 1 or (length is not None and x.shape[0] != length):
+        want = f"({length},)" if length is not None else "1-D"
+        raise ValueError(f"{name} must have shape {want} ({what}), got shape {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {x.device}")
+    return x
+
+
+def check_pool(name: str, pool, heads: int, r: int, d: int, device: torch.device) -> None:
+    """A float32 state pool ``(slots, heads, r, d)`` on ``device``."""
+    if not isinstance(pool, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 torch.Tensor of shape (slots, heads, r, d), got {type_name(pool)}")
+    if pool.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got dtype {pool.dtype}")
+    if pool.dim() != 4 or tuple(pool.shape[1:]) != (heads, r, d):
+        raise ValueError(f"{name} must have shape (slots, heads, r, d) = (slots, {heads}, {r}, {d}), "
+                         f"got {tuple(pool.shape)}")
+    if pool.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {pool.device}")
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_slot_values(name: str, slot_ids: torch.Tensor, slots: int, check: bool) -> None:
+    """Slot ids below ``slots`` (negative: padding), no slot twice.  Reading them costs one device sync
+    on CUDA: done once per tensor version, never while a CUDA graph is being captured, and not at all
+    when ``check`` is False (docs/design.md §13.3)."""
+    if not check or slot_ids.numel() == 0 or _capturing(slot_ids) or _CHECKED_INDICES.seen(slot_ids, ("slots", slots)):
+        return
+    ids = slot_ids.detach()
+    ordered = torch.sort(ids).values
+    repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)
+    # one device->host transfer for every check
+    too_big, twice = torch.stack([(ids >= slots).any(), repeated.any()]).tolist()
+    if too_big:
+        first = int((ids >= slots).nonzero()[0])
+        raise ValueError(f"{name} must be below the pool's {slots} slots (negative: padding), got "
+                         f"{name}[{first}] = {int(ids[first])}")
+    if twice:
+        value = int(ordered[1:][repeated][0])
+        raise ValueError(f"{name} must not repeat a slot within one call (two rows would update one state), "
+                         f"got slot {value} more than once")
+    _CHECKED_INDICES.remember(slot_ids, ("slots", slots))
+
+
+def check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, check: bool) -> None:
+    """cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = T (``total``): one device sync on CUDA, once
+    per tensor version, never while capturing, not at all when ``check`` is False."""
+    if not check or _capturing(cu_seqlens) or _CHECKED_INDICES.seen(cu_seqlens, ("total", total)):
+        return
+    cu = cu_seqlens.detach()
+    steps = cu[1:] - cu[:-1]
+    first, last, decreasing = torch.stack([cu[0].long(), cu[-1].long(), (steps < 0).any().long()]).tolist()
+    if first != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0] = {first}")
+    if decreasing:
+        at = int((steps < 0).nonzero()[0])
+        raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{at}] = {int(cu[at])} > "
+                         f"cu_seqlens[{at + 1}] = {int(cu[at + 1])}")
+    if last != total:
+        raise ValueError(f"cu_seqlens must end at the number of packed tokens T = {total} (dim 0 of b), "
+                         f"got cu_seqlens[-1] = {last}")
+    _CHECKED_INDICES.remember(cu_seqlens, ("total", total))
 
 
 # --------------------------------------------------------------------------- problems

@@ -15,13 +15,15 @@ from . import registry
 from .autograd import attach_backward
 from .compat import decoder_arguments
 from .kernels.decode import decode_step_impl, decode_tokens_impl
+from .autotune import is_interpreting
 from .methods import builtin_methods
+from .methods.lightning_attention.kernels import launch_varlen_walk
 from .plan import run_problem
-from .problem import (check_autograd, check_bool, check_constant_gamma, check_dims, check_index, check_pool,
+from .problem import (Problem, check_autograd, check_bool, check_constant_gamma, check_dims, check_index, check_pool,
                       check_slot_values, check_state, check_tensor, make_problem, new_empty, requires_grad,
-                      resolve_gamma)
+                      make_varlen_problem, resolve_gamma)
 
-__all__ = ["linear_attention", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
+__all__ = ["linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
 
 registry.install_builtins(builtin_methods())
 
@@ -274,6 +276,95 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     if B and H:
         decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
     return out, kept
+
+
+VARLEN_NATIVE = ("lightning_attention", "block_based")
+"""Methods whose kernels walk a packed batch natively (the packed chunk walk: docs/design.md §13.2)."""
+
+
+def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
+                            has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
+                            check_indices: bool = True):
+    """The operator over a packed batch of variable-length sequences, each on its own (docs/design.md §13.2).
+
+    Sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]) of the packed tokens; its output is that of
+    :func:`linear_attention` run on it alone, from its initial state.
+
+    Args:
+        b, c: ``(T, heads, r)``; v: ``(T, heads, d)``: the tokens of every sequence, one after the other
+            (float16, bfloat16 or float32; any strides: no copy is made).
+        cu_seqlens: int32/int64 ``(N + 1,)`` on the inputs' device: 0, then non-decreasing, ending at T.
+            Zero-length sequences are allowed.
+        gamma: as in :func:`linear_attention` (per head, shared by the sequences).
+        method: ``"auto"`` (the packed chunk walk), ``"lightning_attention"`` or ``"block_based"`` (the same
+            walk), or a ``"<method>_torch"`` twin (one PyTorch call per sequence: a reference path, with a
+            loop over sequences on the host).  CPU tensors outside the interpreter run
+            ``lightning_attention_torch`` that way.  Other methods raise ``NotImplementedError``.
+        state_pool: float32 ``(slots, heads, r, d)``, or None.  With a pool, sequence i starts from
+            ``state_pool[slot_ids[i]]`` when ``has_initial_state[i]`` (else from zero), and its final state
+            is written to that slot **in place**.  Slots no sequence names are not touched.
+        slot_ids: int32/int64 ``(N,)``: each sequence's slot (needed with a pool); a negative id: the
+            sequence starts from zero and its final state is not kept.
+        has_initial_state: bool ``(N,)`` (or integer, nonzero = true), or None: every sequence starts from zero.
+        return_state: without a pool, also return the final states, float32 ``(N, heads, r, d)``; with a
+            pool, also return the pool itself.
+        precision: as in :func:`linear_attention`.
+        check_indices: check the values of cu_seqlens and slot_ids (one device sync each on CUDA, once per
+            tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
+            rows, never an access out of bounds; a repeated slot is a race).
+
+    Returns:
+        The output ``(T, heads, d)`` in v's dtype; with ``return_state=True``, ``(output, states)``.
+
+    Forward only: inputs that require grad are refused.  One launch for the whole batch (per 256 keys of r).
+
+    Example::
+
+        >>> cu = torch.tensor([0, 5, 5, 17], dtype=torch.int32, device="cuda")     # 3 prompts, one empty
+        >>> pool = torch.zeros(64, heads, r, d, device="cuda")
+        >>> slots = torch.tensor([7, 3, 12], device="cuda")
+        >>> o = leettriton.linear_attention_varlen(b, c, v, cu, 0.99, state_pool=pool, slot_ids=slots)
+        >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)   # then decode
+    """
+    name = registry.canonical_method(method)
+    p, out = make_varlen_problem(b, c, v, cu_seqlens, gamma, state_pool=state_pool, slot_ids=slot_ids,
+                                 has_initial_state=has_initial_state, return_state=return_state,
+                                 precision=precision, check_indices=check_indices)
+    B, H, T, r, d = p.shape
+    if name in ("auto",) + VARLEN_NATIVE and p.v.device.type == "cpu" and not is_interpreting():
+        name = "lightning_attention_torch"
+    if registry.torch_method(name) is not None:
+        _varlen_by_sequence(p, registry.torch_method(name))
+    elif name in ("auto",) + VARLEN_NATIVE:
+        if p.num_seqs and H:
+            launch_varlen_walk(p)
+    else:
+        raise NotImplementedError(
+            f"linear_attention_varlen: method {name!r} has no packed (variable-length) path; use 'auto', "
+            f"{', '.join(repr(m) for m in VARLEN_NATIVE)} or a '<method>_torch' twin")
+    return (out, p.state) if return_state else out
+
+
+def _varlen_by_sequence(p, twin) -> None:
+    """The packed batch one sequence at a time through a PyTorch twin (a loop on the host: the reference path)."""
+    B, H, T, r, d = p.shape
+    bounds = p.cu_seqlens.tolist()
+    slots = p.slot_ids.tolist() if p.slot_ids is not None else None
+    starts = p.has_initial.tolist() if p.has_initial is not None else None
+    for i in range(p.num_seqs):
+        rows = slice(bounds[i], bounds[i + 1])
+        slot = slots[i] if slots is not None else i
+        initial = p.initial_state[slot:slot + 1] if starts is not None and starts[i] and slot >= 0 else None
+        final = torch.empty((1, H, r, d), dtype=torch.float32, device=p.v.device)
+        if bounds[i + 1] > bounds[i]:
+            twin(Problem(p.b[:, :, rows], p.c[:, :, rows], p.v[:, :, rows], p.gamma, initial, p.out[:, :, rows], final,
+                         p.precision))
+        elif initial is not None:
+            final.copy_(initial)
+        else:
+            final.zero_()
+        if p.state is not None and slot >= 0:
+            p.state[slot:slot + 1].copy_(final)
 
 
 def causal_linear_decoder(B, C, V, is_mask_weight: bool = False, gamma=None, attn_method: Optional[str] = None):

@@ -19,7 +19,7 @@ __all__ = [
     "Problem", "make_problem", "check_tensor", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
-    "INDEX_DTYPES",
+    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed",
 ]
 
 MAX_DIM = 1024
@@ -79,6 +79,31 @@ class Problem:
         if self.gamma is None:
             return None
         return torch.log2(self.gamma.to(torch.float64)).float()
+
+
+@dataclass
+class VarlenProblem(Problem):
+    """A packed batch of variable-length sequences (docs/design.md §13.2), as the packed walk receives it.
+
+    ``b``, ``c``, ``v``, ``out`` are ``(1, H, T, dim)`` views of the caller's ``(T, H, dim)`` tensors (no
+    copies); ``initial_state`` is the state pool when some sequence starts from its slot (else None);
+    ``state`` is the pool, or the ``(N, H, r, d)`` returned states, or None.
+
+    Attributes:
+        cu_seqlens: ``(N + 1,)`` int32/int64: sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]).
+        slot_ids: ``(N,)`` int32/int64 pool slot of each sequence (negative: none), or None (no pool).
+        has_initial: ``(N,)`` flags: sequence i starts from its slot's state, or None (every one from zero).
+        pool_slots: the pool's number of slots (0 without one).
+    """
+
+    cu_seqlens: Optional[torch.Tensor] = None
+    slot_ids: Optional[torch.Tensor] = None
+    has_initial: Optional[torch.Tensor] = None
+    pool_slots: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens.shape[0] - 1
 
 
 # --------------------------------------------------------------------------- errors
@@ -352,6 +377,91 @@ def _other_layout_hint(layout: str, b: torch.Tensor, gamma) -> str:
         return (f"; it would fit heads = {heads_other}, which is dim 2 of b {tuple(b.shape)}: are the inputs "
                 f"in layout '{other}'? Pass layout='{other}'")
     return ""
+
+
+_FLAG_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64)
+
+
+def packed(x: torch.Tensor) -> torch.Tensor:
+    """The ``(1, H, T, dim)`` view of a packed ``(T, H, dim)`` tensor (a permutation, never a copy)."""
+    return x.permute(1, 0, 2).unsqueeze(0)
+
+
+def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slot_ids=None, has_initial_state=None,
+                        return_state: bool = False, precision: Optional[str] = None,
+                        check_indices: bool = True) -> tuple[VarlenProblem, torch.Tensor]:
+    """Validate a packed call of ``linear_attention_varlen`` and build its :class:`VarlenProblem`.
+
+    Returns the problem and the output ``(T, H, d)``.  Every check runs before any launch; those that
+    read index values on the device (cu_seqlens, slot ids) cost one sync each on CUDA, once per tensor
+    version, and are skipped with ``check_indices=False`` (docs/design.md §13.3).
+    """
+    where = "linear_attention_varlen"
+    b, c, v = check_tensor("b", b), check_tensor("c", c), check_tensor("v", v)
+    for name, x in (("b", b), ("c", c), ("v", v)):
+        if x.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (T, heads, dim): the packed tokens of every sequence, got shape "
+                             f"{tuple(x.shape)}")
+    if not (b.dtype == c.dtype == v.dtype):
+        raise TypeError(f"b, c and v must share one dtype, got {b.dtype}, {c.dtype}, {v.dtype}")
+    if not (b.device == c.device == v.device):
+        raise ValueError(f"b, c and v must be on one device, got {b.device}, {c.device}, {v.device}")
+    T, H, r = b.shape
+    if tuple(c.shape) != (T, H, r):
+        raise ValueError(f"c must have the shape of b {tuple(b.shape)}, got {tuple(c.shape)}")
+    if tuple(v.shape[:2]) != (T, H):
+        raise ValueError(f"v must match b in T and heads (T, heads, dim): b has shape {tuple(b.shape)}, v has "
+                         f"shape {tuple(v.shape)}")
+    d = v.shape[-1]
+    check_dims(r, d, where)
+    device = v.device
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be None, 'ieee' or 'tf32', got {precision!r}")
+    check_bool("return_state", return_state)
+    check_bool("check_indices", check_indices)
+    check_constant_gamma(gamma)
+    check_autograd(where, b, c, v, state_pool)
+
+    cu = check_index("cu_seqlens", cu_seqlens, None, device, "offsets of the packed sequences, (N + 1,) from 0 to T")
+    if cu.shape[0] < 1:
+        raise ValueError("cu_seqlens must hold N + 1 ≥ 1 offsets (N sequences), got an empty tensor")
+    N = cu.shape[0] - 1
+    if state_pool is None:
+        for name, x in (("slot_ids", slot_ids), ("has_initial_state", has_initial_state)):
+            if x is not None:
+                raise ValueError(f"{name} needs a state_pool (slots, heads, r, d) to index, got state_pool=None")
+        slots = 0
+    else:
+        check_pool("state_pool", state_pool, H, r, d, device)
+        if slot_ids is None:
+            raise ValueError(f"state_pool needs slot_ids, the ({N},) pool slot of each sequence, got slot_ids=None")
+        check_index("slot_ids", slot_ids, N, device, "the state pool's slot of each sequence, < 0: none")
+        slots = state_pool.shape[0]
+        if has_initial_state is not None:
+            if not isinstance(has_initial_state, torch.Tensor) or has_initial_state.dtype not in _FLAG_DTYPES:
+                raise TypeError(f"has_initial_state must be a bool (or integer) tensor of shape ({N},), got "
+                                f"{type_name(has_initial_state)}")
+            if tuple(has_initial_state.shape) != (N,):
+                raise ValueError(f"has_initial_state must have shape ({N},) (one flag per sequence), got "
+                                 f"{tuple(has_initial_state.shape)}")
+            if has_initial_state.device != device:
+                raise ValueError(f"has_initial_state must be on the inputs' device {device}, got "
+                                 f"{has_initial_state.device}")
+    check_cu_seqlens_values(cu, T, check_indices)
+    if state_pool is not None:
+        check_slot_values("slot_ids", slot_ids, slots, check_indices)
+
+    gamma_h = resolve_gamma(gamma, H, device)
+    out = new_empty((T, H, d), v.dtype, device)
+    if state_pool is not None:
+        state = state_pool
+    else:
+        state = new_empty((N, H, r, d), torch.float32, device) if return_state else None
+    initial = state_pool if (state_pool is not None and has_initial_state is not None) else None
+    problem = VarlenProblem(packed(b), packed(c), packed(v), gamma_h, initial, packed(out), state, precision or "ieee",
+                            cu_seqlens=cu, slot_ids=slot_ids, has_initial=has_initial_state if initial is not None
+                            else None, pool_slots=slots)
+    return problem, out
 
 
 def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,

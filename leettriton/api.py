@@ -234,39 +234,28 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 
 
 def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slots: bool, *, one_token: bool):
-    """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), kept or None)."""
-    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
-    rank = 3 if one_token else 4
-    dims = "(batch, heads, dim)" if one_token else "(batch, heads, k, dim)"
-    b, c, v = (check_tensor(name, x) for name, x in zip(names, (b, c, v)))
-    for name, x in zip(names, (b, c, v)):
-        if x.dim() != rank:
-            raise ValueError(f"{name} must be {rank}-D {dims}, got shape {tuple(x.shape)}")
-    if not (b.dtype == c.dtype == v.dtype):
-        raise TypeError(f"{', '.join(names[:2])} and {names[2]} must share one dtype, got {b.dtype}, {c.dtype}, "
-                        f"{v.dtype}")
-    if not (b.device == c.device == v.device):
-        raise ValueError(f"{', '.join(names[:2])} and {names[2]} must be on one device, got {b.device}, "
-                         f"{c.device}, {v.device}")
+    """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), kept or None).
+
+    As for :func:`decode_step`, the checks of the tensors' types, shapes, dtypes and devices run once
+    per signature; the slot ids' values once per tensor version (docs/design.md §13.3)."""
+    try:
+        signature = (one_token, check_slots, b.shape, c.shape, v.shape, state.shape, b.dtype, c.dtype, v.dtype,
+                     state.dtype, b.device, c.device, v.device, state.device, type(b), type(c), type(v), type(state),
+                     type(slot_ids), getattr(slot_ids, "shape", None), getattr(slot_ids, "dtype", None),
+                     getattr(slot_ids, "device", None))
+    except AttributeError:
+        signature = None
+    if signature is None or signature not in _CHECKED_TOKEN_SIGNATURES:
+        _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
+        if signature is not None:
+            if len(_CHECKED_TOKEN_SIGNATURES) >= 1024:
+                _CHECKED_TOKEN_SIGNATURES.clear()
+            _CHECKED_TOKEN_SIGNATURES.add(signature)
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
     B, H, K, r = b.shape
-    if tuple(c.shape) != (B, H, K, r):
-        raise ValueError(f"{names[1]} must have the shape of {names[0]} {tuple(b.shape)}, got {tuple(c.shape)}")
-    if tuple(v.shape[:3]) != (B, H, K):
-        lead = "batch and heads" if one_token else "batch, heads and k"
-        raise ValueError(f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape "
-                         f"{tuple(b.shape)}, {names[2]} has shape {tuple(v.shape)}")
-    if K < 1:
-        raise ValueError(f"decode_tokens needs k ≥ 1 new tokens per sequence, got k = {K}")
     d = v.shape[-1]
-    check_dims(r, d, "decode_tokens")
-    check_bool("check_slots", check_slots)
-    if slot_ids is None:
-        check_state("state", state, (B, H, r, d), v.device)
-    else:
-        check_pool("state", state, H, r, d, v.device)
-        check_index("slot_ids", slot_ids, B, v.device, "the state pool's slot of each batch row, < 0: padding")
+    if slot_ids is not None:
         check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
     check_constant_gamma(gamma)
     check_autograd("decode_tokens", b, c, v, state)
@@ -365,6 +354,45 @@ def _varlen_by_sequence(p, twin) -> None:
             final.zero_()
         if p.state is not None and slot >= 0:
             p.state[slot:slot + 1].copy_(final)
+
+
+_CHECKED_TOKEN_SIGNATURES: set = set()
+
+
+def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token: bool) -> None:
+    """The slotted / multi-token step's checks of its tensors (the slot ids' values: check_slot_values)."""
+    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+    rank = 3 if one_token else 4
+    dims = "(batch, heads, dim)" if one_token else "(batch, heads, k, dim)"
+    b, c, v = (check_tensor(name, x) for name, x in zip(names, (b, c, v)))
+    for name, x in zip(names, (b, c, v)):
+        if x.dim() != rank:
+            raise ValueError(f"{name} must be {rank}-D {dims}, got shape {tuple(x.shape)}")
+    if not (b.dtype == c.dtype == v.dtype):
+        raise TypeError(f"{', '.join(names[:2])} and {names[2]} must share one dtype, got {b.dtype}, {c.dtype}, "
+                        f"{v.dtype}")
+    if not (b.device == c.device == v.device):
+        raise ValueError(f"{', '.join(names[:2])} and {names[2]} must be on one device, got {b.device}, "
+                         f"{c.device}, {v.device}")
+    if one_token:
+        b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    B, H, K, r = b.shape
+    if tuple(c.shape) != (B, H, K, r):
+        raise ValueError(f"{names[1]} must have the shape of {names[0]} {tuple(b.shape)}, got {tuple(c.shape)}")
+    if tuple(v.shape[:3]) != (B, H, K):
+        lead = "batch and heads" if one_token else "batch, heads and k"
+        raise ValueError(f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape "
+                         f"{tuple(b.shape)}, {names[2]} has shape {tuple(v.shape)}")
+    if K < 1:
+        raise ValueError(f"decode_tokens needs k ≥ 1 new tokens per sequence, got k = {K}")
+    d = v.shape[-1]
+    check_dims(r, d, "decode_tokens")
+    check_bool("check_slots", check_slots)
+    if slot_ids is None:
+        check_state("state", state, (B, H, r, d), v.device)
+    else:
+        check_pool("state", state, H, r, d, v.device)
+        check_index("slot_ids", slot_ids, B, v.device, "the state pool's slot of each batch row, < 0: padding")
 
 
 def causal_linear_decoder(B, C, V, is_mask_weight: bool = False, gamma=None, attn_method: Optional[str] = None):

@@ -226,7 +226,7 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
     Example::
 
         >>> o, pool, states = leettriton.decode_tokens(b, c, v, pool, 0.99, slot_ids=slots, keep_states=True)
-        >>> pool[slots] = states[torch.arange(len(slots)), :, accepted]      # roll back to the accepted prefix
+        >>> pool[slots] = states[torch.arange(len(slots)), :, accepted]   # roll back (rows without padding)
     """
     check_bool("keep_states", keep_states)
     out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)

@@ -6,7 +6,8 @@ See :func:`linear_attention` for the main entry point, docs/design.md for the de
 """
 from . import registry as _registry
 from ._version import __version__
-from .api import causal_linear_decoder, decode_step, linear_attention, method_function as _method_function
+from .api import (causal_linear_decoder, decode_step, decode_tokens, linear_attention, linear_attention_varlen,
+                  method_function as _method_function)
 from .methods import BUILTIN_METHODS
 from .plan import load_heuristics
 from .reference import reference
@@ -42,7 +43,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "linear_attention", "decode_step", "reference", "register_method", "unregister_method", "METHODS",
+    "linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "reference", "register_method", "unregister_method", "METHODS",
     "causal_linear_decoder", "load_heuristics", "benchmark_method",
     "vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention", "fleet_attention",
     "vanilla_torch", "causal_dot_product_torch", "block_based_torch", "recursion_torch",

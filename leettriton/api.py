@@ -14,13 +14,16 @@ import torch
 from . import registry
 from .autograd import attach_backward
 from .compat import decoder_arguments
-from .kernels.decode import decode_step_impl
+from .kernels.decode import decode_step_impl, decode_tokens_impl
+from .autotune import is_interpreting
 from .methods import builtin_methods
+from .methods.lightning_attention.kernels import launch_varlen_walk
 from .plan import run_problem
-from .problem import (check_autograd, check_constant_gamma, check_dims, check_state, check_tensor, make_problem,
-                      new_empty, requires_grad, resolve_gamma)
+from .problem import (Problem, check_autograd, check_bool, check_constant_gamma, check_dims, check_index, check_pool,
+                      check_slot_values, check_state, check_tensor, make_problem, new_empty, requires_grad,
+                      make_varlen_problem, resolve_gamma)
 
-__all__ = ["linear_attention", "decode_step", "method_function", "causal_linear_decoder"]
+__all__ = ["linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
 
 registry.install_builtins(builtin_methods())
 
@@ -114,7 +117,7 @@ def method_function(name: str) -> Callable:
     return method_fn
 
 
-def decode_step(b_t, c_t, v_t, state, gamma=None):
+def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots: bool = True):
     """One generated token: S ← γ S + c_tᵀ v_t, o_t = b_t S.  The state is updated **in place**.
 
     Args:
@@ -122,20 +125,35 @@ def decode_step(b_t, c_t, v_t, state, gamma=None):
             (float16, bfloat16 or float32), one device.
         state: float32 ``(batch, heads, r, d)``, e.g. from
             ``linear_attention(..., return_state=True)``; overwritten with the new state.
+            With ``slot_ids``: a pool ``(slots, heads, r, d)`` of states (docs/design.md §13.1).
         gamma: as in :func:`linear_attention`.
+        slot_ids: ``None``, or an int32/int64 tensor ``(batch,)`` on the inputs' device: row i reads
+            and updates ``state[slot_ids[i]]`` in place; a negative id is padding (its output row is
+            zero and no state is touched).  The slot is read by the kernel itself: no gather, no copy.
+        check_slots: check the slot ids' values (below ``slots``, no slot twice), which costs one device
+            sync on CUDA, once per version of the ``slot_ids`` tensor (never during CUDA graph capture).
+            ``False`` skips it: a repeated slot is then a race, and an id past the pool gives a NaN output
+            row and touches no state.
 
     Returns:
         ``(o_t, state)``: o_t ``(batch, heads, d)`` in v_t's dtype, and ``state`` itself.
 
     On CUDA the step launches one kernel and never synchronises, so it can be
     captured in a CUDA graph: call it once before capture so that a tensor gamma
-    is validated (one sync per gamma tensor version) and a float gamma is cached.
+    is validated (one sync per gamma tensor version) and a float gamma is cached;
+    a slotted step captured with a fixed ``slot_ids`` buffer reads whatever ids the
+    buffer holds at each replay.
 
     Example::
 
         >>> o, state = leettriton.linear_attention(b, c, v, 0.99, return_state=True)   # prefill
         >>> o_t, state = leettriton.decode_step(b_t, c_t, v_t, state, 0.99)            # one token
+        >>> pool = torch.zeros(256, heads, r, d, device="cuda")                         # a server's states
+        >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)
     """
+    if slot_ids is not None:
+        out, _ = _decode_tokens(b_t, c_t, v_t, state, gamma, slot_ids, False, check_slots, one_token=True)
+        return out[:, :, 0], state
     try:  # what the checks below read; a signature seen before needs none of them again
         signature = (b_t.shape, c_t.shape, v_t.shape, state.shape, b_t.dtype, c_t.dtype, v_t.dtype, state.dtype,
                      b_t.device, c_t.device, v_t.device, state.device, type(b_t), type(c_t), type(v_t), type(state))
@@ -182,6 +200,199 @@ def _check_decode_step(b_t, c_t, v_t, state) -> None:
     d = v_t.shape[-1]
     check_dims(r, d, "decode_step")
     check_state("state", state, (B, H, r, d), v_t.device)
+
+
+def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False,
+                  check_slots: bool = True):
+    """k new tokens per sequence in one launch (speculative-decoding verification): k decode steps.
+
+    Token j of row i updates the state, S ← γ S + c_jᵀ v_j, and gives o_j = b_j S, for j = 0 … k − 1,
+    in order, in place on the state (docs/design.md §13.1).
+
+    Args:
+        b, c: ``(batch, heads, k, r)``; v: ``(batch, heads, k, d)``; k ≥ 1; one dtype and device.
+        state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``.
+        gamma: as in :func:`linear_attention`.
+        slot_ids, check_slots: as in :func:`decode_step`.
+        keep_states: also return ``states``, float32 ``(batch, heads, k + 1, r, d)``: ``states[:, :, j]``
+            is the state after the first j tokens (j = 0: the state before the call), so a server that
+            accepts the first a_i tokens of row i rolls back with ``pool[slot_ids[i]] = states[i, :, a_i]``.
+            A padding row's kept states are zeros.
+
+    Returns:
+        ``(o, state)``, or ``(o, state, states)`` with ``keep_states``: o ``(batch, heads, k, d)`` in v's
+        dtype; ``state`` itself, after all k tokens.
+
+    Example::
+
+        >>> o, pool, states = leettriton.decode_tokens(b, c, v, pool, 0.99, slot_ids=slots, keep_states=True)
+        >>> pool[slots] = states[torch.arange(len(slots)), :, accepted]   # roll back (rows without padding)
+    """
+    check_bool("keep_states", keep_states)
+    out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
+    return (out, state, kept) if keep_states else (out, state)
+
+
+def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slots: bool, *, one_token: bool):
+    """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), kept or None).
+
+    As for :func:`decode_step`, the checks of the tensors' types, shapes, dtypes and devices run once
+    per signature; the slot ids' values once per tensor version (docs/design.md §13.3)."""
+    try:
+        signature = (one_token, check_slots, b.shape, c.shape, v.shape, state.shape, b.dtype, c.dtype, v.dtype,
+                     state.dtype, b.device, c.device, v.device, state.device, type(b), type(c), type(v), type(state),
+                     type(slot_ids), getattr(slot_ids, "shape", None), getattr(slot_ids, "dtype", None),
+                     getattr(slot_ids, "device", None))
+    except AttributeError:
+        signature = None
+    if signature is None or signature not in _CHECKED_TOKEN_SIGNATURES:
+        _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
+        if signature is not None:
+            if len(_CHECKED_TOKEN_SIGNATURES) >= 1024:
+                _CHECKED_TOKEN_SIGNATURES.clear()
+            _CHECKED_TOKEN_SIGNATURES.add(signature)
+    if one_token:
+        b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    B, H, K, r = b.shape
+    d = v.shape[-1]
+    if slot_ids is not None:
+        check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
+    check_constant_gamma(gamma)
+    check_autograd("decode_tokens", b, c, v, state)
+    gamma_h = resolve_gamma(gamma, H, v.device)
+    out = new_empty((B, H, K, d), v.dtype, v.device)
+    kept = new_empty((B, H, K + 1, r, d), torch.float32, v.device) if keep_states else None
+    if B and H:
+        decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
+    return out, kept
+
+
+VARLEN_NATIVE = ("lightning_attention", "block_based")
+"""Methods whose kernels walk a packed batch natively (the packed chunk walk: docs/design.md §13.2)."""
+
+
+def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
+                            has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
+                            check_indices: bool = True):
+    """The operator over a packed batch of variable-length sequences, each on its own (docs/design.md §13.2).
+
+    Sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]) of the packed tokens; its output is that of
+    :func:`linear_attention` run on it alone, from its initial state.
+
+    Args:
+        b, c: ``(T, heads, r)``; v: ``(T, heads, d)``: the tokens of every sequence, one after the other
+            (float16, bfloat16 or float32; any strides: no copy is made).
+        cu_seqlens: int32/int64 ``(N + 1,)`` on the inputs' device: 0, then non-decreasing, ending at T.
+            Zero-length sequences are allowed.
+        gamma: as in :func:`linear_attention` (per head, shared by the sequences).
+        method: ``"auto"`` (the packed chunk walk), ``"lightning_attention"`` or ``"block_based"`` (the same
+            walk), or a ``"<method>_torch"`` twin (one PyTorch call per sequence: a reference path, with a
+            loop over sequences on the host).  CPU tensors outside the interpreter run
+            ``lightning_attention_torch`` that way.  Other methods raise ``NotImplementedError``.
+        state_pool: float32 ``(slots, heads, r, d)``, or None.  With a pool, sequence i starts from
+            ``state_pool[slot_ids[i]]`` when ``has_initial_state[i]`` (else from zero), and its final state
+            is written to that slot **in place**.  Slots no sequence names are not touched.
+        slot_ids: int32/int64 ``(N,)``: each sequence's slot (needed with a pool); a negative id: the
+            sequence starts from zero and its final state is not kept.
+        has_initial_state: bool ``(N,)`` (or integer, nonzero = true), or None: every sequence starts from zero.
+        return_state: without a pool, also return the final states, float32 ``(N, heads, r, d)``; with a
+            pool, also return the pool itself.
+        precision: as in :func:`linear_attention`.
+        check_indices: check the values of cu_seqlens and slot_ids (one device sync each on CUDA, once per
+            tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
+            rows, never an access out of bounds; a repeated slot is a race).
+
+    Returns:
+        The output ``(T, heads, d)`` in v's dtype; with ``return_state=True``, ``(output, states)``.
+
+    Forward only: inputs that require grad are refused.  One launch for the whole batch (per 256 keys of r).
+
+    Example::
+
+        >>> cu = torch.tensor([0, 5, 5, 17], dtype=torch.int32, device="cuda")     # 3 prompts, one empty
+        >>> pool = torch.zeros(64, heads, r, d, device="cuda")
+        >>> slots = torch.tensor([7, 3, 12], device="cuda")
+        >>> o = leettriton.linear_attention_varlen(b, c, v, cu, 0.99, state_pool=pool, slot_ids=slots)
+        >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)   # then decode
+    """
+    name = registry.canonical_method(method)
+    p, out = make_varlen_problem(b, c, v, cu_seqlens, gamma, state_pool=state_pool, slot_ids=slot_ids,
+                                 has_initial_state=has_initial_state, return_state=return_state,
+                                 precision=precision, check_indices=check_indices)
+    B, H, T, r, d = p.shape
+    if name in ("auto",) + VARLEN_NATIVE and p.v.device.type == "cpu" and not is_interpreting():
+        name = "lightning_attention_torch"
+    if registry.torch_method(name) is not None:
+        _varlen_by_sequence(p, registry.torch_method(name))
+    elif name in ("auto",) + VARLEN_NATIVE:
+        if p.num_seqs and H:
+            launch_varlen_walk(p)
+    else:
+        raise NotImplementedError(
+            f"linear_attention_varlen: method {name!r} has no packed (variable-length) path; use 'auto', "
+            f"{', '.join(repr(m) for m in VARLEN_NATIVE)} or a '<method>_torch' twin")
+    return (out, p.state) if return_state else out
+
+
+def _varlen_by_sequence(p, twin) -> None:
+    """The packed batch one sequence at a time through a PyTorch twin (a loop on the host: the reference path)."""
+    B, H, T, r, d = p.shape
+    bounds = p.cu_seqlens.tolist()
+    slots = p.slot_ids.tolist() if p.slot_ids is not None else None
+    starts = p.has_initial.tolist() if p.has_initial is not None else None
+    for i in range(p.num_seqs):
+        rows = slice(bounds[i], bounds[i + 1])
+        slot = slots[i] if slots is not None else i
+        initial = p.initial_state[slot:slot + 1] if starts is not None and starts[i] and slot >= 0 else None
+        final = torch.empty((1, H, r, d), dtype=torch.float32, device=p.v.device)
+        if bounds[i + 1] > bounds[i]:
+            twin(Problem(p.b[:, :, rows], p.c[:, :, rows], p.v[:, :, rows], p.gamma, initial, p.out[:, :, rows], final,
+                         p.precision))
+        elif initial is not None:
+            final.copy_(initial)
+        else:
+            final.zero_()
+        if p.state is not None and slot >= 0:
+            p.state[slot:slot + 1].copy_(final)
+
+
+_CHECKED_TOKEN_SIGNATURES: set = set()
+
+
+def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token: bool) -> None:
+    """The slotted / multi-token step's checks of its tensors (the slot ids' values: check_slot_values)."""
+    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+    rank = 3 if one_token else 4
+    dims = "(batch, heads, dim)" if one_token else "(batch, heads, k, dim)"
+    b, c, v = (check_tensor(name, x) for name, x in zip(names, (b, c, v)))
+    for name, x in zip(names, (b, c, v)):
+        if x.dim() != rank:
+            raise ValueError(f"{name} must be {rank}-D {dims}, got shape {tuple(x.shape)}")
+    if not (b.dtype == c.dtype == v.dtype):
+        raise TypeError(f"{', '.join(names[:2])} and {names[2]} must share one dtype, got {b.dtype}, {c.dtype}, "
+                        f"{v.dtype}")
+    if not (b.device == c.device == v.device):
+        raise ValueError(f"{', '.join(names[:2])} and {names[2]} must be on one device, got {b.device}, "
+                         f"{c.device}, {v.device}")
+    if one_token:
+        b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    B, H, K, r = b.shape
+    if tuple(c.shape) != (B, H, K, r):
+        raise ValueError(f"{names[1]} must have the shape of {names[0]} {tuple(b.shape)}, got {tuple(c.shape)}")
+    if tuple(v.shape[:3]) != (B, H, K):
+        lead = "batch and heads" if one_token else "batch, heads and k"
+        raise ValueError(f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape "
+                         f"{tuple(b.shape)}, {names[2]} has shape {tuple(v.shape)}")
+    if K < 1:
+        raise ValueError(f"decode_tokens needs k ≥ 1 new tokens per sequence, got k = {K}")
+    d = v.shape[-1]
+    check_dims(r, d, "decode_tokens")
+    check_bool("check_slots", check_slots)
+    if slot_ids is None:
+        check_state("state", state, (B, H, r, d), v.device)
+    else:
+        check_pool("state", state, H, r, d, v.device)
+        check_index("slot_ids", slot_ids, B, v.device, "the state pool's slot of each batch row, < 0: padding")
 
 
 def causal_linear_decoder(B, C, V, is_mask_weight: bool = False, gamma=None, attn_method: Optional[str] = None):

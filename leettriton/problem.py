@@ -18,7 +18,8 @@ import torch
 __all__ = [
     "Problem", "make_problem", "check_tensor", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
-    "LAYOUTS", "PRECISIONS",
+    "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
+    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed",
 ]
 
 MAX_DIM = 1024
@@ -78,6 +79,31 @@ class Problem:
         if self.gamma is None:
             return None
         return torch.log2(self.gamma.to(torch.float64)).float()
+
+
+@dataclass
+class VarlenProblem(Problem):
+    """A packed batch of variable-length sequences (docs/design.md §13.2), as the packed walk receives it.
+
+    ``b``, ``c``, ``v``, ``out`` are ``(1, H, T, dim)`` views of the caller's ``(T, H, dim)`` tensors (no
+    copies); ``initial_state`` is the state pool when some sequence starts from its slot (else None);
+    ``state`` is the pool, or the ``(N, H, r, d)`` returned states, or None.
+
+    Attributes:
+        cu_seqlens: ``(N + 1,)`` int32/int64: sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]).
+        slot_ids: ``(N,)`` int32/int64 pool slot of each sequence (negative: none), or None (no pool).
+        has_initial: ``(N,)`` flags: sequence i starts from its slot's state, or None (every one from zero).
+        pool_slots: the pool's number of slots (0 without one).
+    """
+
+    cu_seqlens: Optional[torch.Tensor] = None
+    slot_ids: Optional[torch.Tensor] = None
+    has_initial: Optional[torch.Tensor] = None
+    pool_slots: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens.shape[0] - 1
 
 
 # --------------------------------------------------------------------------- errors
@@ -156,18 +182,22 @@ def check_constant_gamma(gamma) -> None:
 
 # --------------------------------------------------------------------------- gamma
 
-class _CheckedGammas:
-    """Which gamma tensors have had their values checked, so a CUDA gamma costs one sync per version.
+class _CheckedTensors:
+    """Which tensors have had their values checked, so a CUDA tensor costs one sync per version.
 
-    Only the *check* is remembered: the kernels always read γ from the tensor
+    Only the *check* is remembered: the kernels always read the values from the tensor
     itself, so a write that bypasses the version counter (``.data``, a NumPy
-    view, an inference tensor, which has none) can never leave a call running
-    with old values; a value outside (0, 1] written that way makes the kernels'
-    λ NaN, so the output is NaN rather than silently wrong (docs/design.md §2).
+    view) can never leave a call running with old values.  For γ, a value outside (0, 1]
+    written that way makes the kernels' λ NaN, so the output is NaN rather than silently wrong
+    (docs/design.md §2); for slot ids and sequence offsets the kernels clamp what they read
+    (docs/design.md §13.3).  ``remember_unversioned``: whether a tensor without a version
+    counter (an inference tensor) is remembered too (γ: yes, it is rarely rewritten; indices: no,
+    a server rewrites them every step).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, remember_unversioned: bool = True) -> None:
         self._seen: dict[int, tuple] = {}
+        self._remember_unversioned = remember_unversioned
 
     @staticmethod
     def _version(g: torch.Tensor):
@@ -176,11 +206,24 @@ class _CheckedGammas:
         except RuntimeError:  # inference tensors track no version
             return None
 
-    def check(self, g: torch.Tensor) -> None:
-        key = id(g)
+    def seen(self, g: torch.Tensor, context=None) -> bool:
+        """Whether ``g`` passed a check against ``context`` (what else the check read) at its current version."""
+        hit = self._seen.get(id(g))
+        return (hit is not None and hit[0]() is g and hit[1] == self._version(g) and hit[2] == g.data_ptr()
+                and hit[3] == context)
+
+    def remember(self, g: torch.Tensor, context=None) -> None:
+        if g.device.type == "cpu":
+            return  # cheap to check again on every call
         version = self._version(g)
-        hit = self._seen.get(key)
-        if hit is not None and hit[0]() is g and hit[1] == version and hit[2] == g.data_ptr():
+        if version is None and not self._remember_unversioned:
+            return
+        key = id(g)
+        self._seen[key] = (weakref.ref(g, lambda _r, k=key: self._seen.pop(k, None)), version, g.data_ptr(), context)
+
+    def check(self, g: torch.Tensor) -> None:
+        """γ's values: in (0, 1], no NaN."""
+        if self.seen(g):
             return
         flat = g.detach().reshape(-1)
         # one device->host transfer for every check
@@ -188,12 +231,10 @@ class _CheckedGammas:
         if bad_nan or bad_low or bad_high:
             what = "NaN" if bad_nan else ("≤ 0" if bad_low else "> 1")
             raise ValueError(f"gamma must hold values in (0, 1], got a value {what} in {type_name(g)}")
-        if g.device.type == "cpu":
-            return  # cheap to check again on every call
-        self._seen[key] = (weakref.ref(g, lambda _r, k=key: self._seen.pop(k, None)), version, g.data_ptr())
+        self.remember(g)
 
 
-_CHECKED = _CheckedGammas()
+_CHECKED = _CheckedTensors()
 _FLOAT_GAMMAS: dict[tuple, torch.Tensor] = {}
 
 
@@ -236,6 +277,86 @@ def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint: str = ""
     return None if g == 1.0 else _float_gamma(g, heads, device)
 
 
+# --------------------------------------------------------------------------- indices (docs/design.md §13.3)
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+_CHECKED_INDICES = _CheckedTensors(remember_unversioned=False)
+
+
+def check_index(name: str, x, length: Optional[int], device: torch.device, what: str) -> torch.Tensor:
+    """A 1-D int32/int64 tensor on ``device`` (of ``length`` entries unless None); ``what`` says what
+    its entries are, for the message."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a 1-D int32 or int64 tensor ({what}), got {type_name(x)}")
+    if x.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64 ({what}), got dtype {x.dtype}")
+    if x.dim() != 1 or (length is not None and x.shape[0] != length):
+        want = f"({length},)" if length is not None else "1-D"
+        raise ValueError(f"{name} must have shape {want} ({what}), got shape {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {x.device}")
+    return x
+
+
+def check_pool(name: str, pool, heads: int, r: int, d: int, device: torch.device) -> None:
+    """A float32 state pool ``(slots, heads, r, d)`` on ``device``."""
+    if not isinstance(pool, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 torch.Tensor of shape (slots, heads, r, d), got {type_name(pool)}")
+    if pool.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got dtype {pool.dtype}")
+    if pool.dim() != 4 or tuple(pool.shape[1:]) != (heads, r, d):
+        raise ValueError(f"{name} must have shape (slots, heads, r, d) = (slots, {heads}, {r}, {d}), "
+                         f"got {tuple(pool.shape)}")
+    if pool.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {pool.device}")
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_slot_values(name: str, slot_ids: torch.Tensor, slots: int, check: bool) -> None:
+    """Slot ids below ``slots`` (negative: padding), no slot twice.  Reading them costs one device sync
+    on CUDA: done once per tensor version, never while a CUDA graph is being captured, and not at all
+    when ``check`` is False (docs/design.md §13.3)."""
+    if not check or slot_ids.numel() == 0 or _CHECKED_INDICES.seen(slot_ids, ("slots", slots)) or _capturing(slot_ids):
+        return
+    ids = slot_ids.detach()
+    ordered = torch.sort(ids).values
+    repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)
+    # one device->host transfer for every check
+    too_big, twice = torch.stack([(ids >= slots).any(), repeated.any()]).tolist()
+    if too_big:
+        first = int((ids >= slots).nonzero()[0])
+        raise ValueError(f"{name} must be below the pool's {slots} slots (negative: padding), got "
+                         f"{name}[{first}] = {int(ids[first])}")
+    if twice:
+        value = int(ordered[1:][repeated][0])
+        raise ValueError(f"{name} must not repeat a slot within one call (two rows would update one state), "
+                         f"got slot {value} more than once")
+    _CHECKED_INDICES.remember(slot_ids, ("slots", slots))
+
+
+def check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, check: bool) -> None:
+    """cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = T (``total``): one device sync on CUDA, once
+    per tensor version, never while capturing, not at all when ``check`` is False."""
+    if not check or _CHECKED_INDICES.seen(cu_seqlens, ("total", total)) or _capturing(cu_seqlens):
+        return
+    cu = cu_seqlens.detach()
+    steps = cu[1:] - cu[:-1]
+    first, last, decreasing = torch.stack([cu[0].long(), cu[-1].long(), (steps < 0).any().long()]).tolist()
+    if first != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0] = {first}")
+    if decreasing:
+        at = int((steps < 0).nonzero()[0])
+        raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{at}] = {int(cu[at])} > "
+                         f"cu_seqlens[{at + 1}] = {int(cu[at + 1])}")
+    if last != total:
+        raise ValueError(f"cu_seqlens must end at the number of packed tokens T = {total} (dim 0 of b), "
+                         f"got cu_seqlens[-1] = {last}")
+    _CHECKED_INDICES.remember(cu_seqlens, ("total", total))
+
+
 # --------------------------------------------------------------------------- problems
 
 def new_empty(shape, dtype, device) -> torch.Tensor:
@@ -256,6 +377,91 @@ def _other_layout_hint(layout: str, b: torch.Tensor, gamma) -> str:
         return (f"; it would fit heads = {heads_other}, which is dim 2 of b {tuple(b.shape)}: are the inputs "
                 f"in layout '{other}'? Pass layout='{other}'")
     return ""
+
+
+_FLAG_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64)
+
+
+def packed(x: torch.Tensor) -> torch.Tensor:
+    """The ``(1, H, T, dim)`` view of a packed ``(T, H, dim)`` tensor (a permutation, never a copy)."""
+    return x.permute(1, 0, 2).unsqueeze(0)
+
+
+def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slot_ids=None, has_initial_state=None,
+                        return_state: bool = False, precision: Optional[str] = None,
+                        check_indices: bool = True) -> tuple[VarlenProblem, torch.Tensor]:
+    """Validate a packed call of ``linear_attention_varlen`` and build its :class:`VarlenProblem`.
+
+    Returns the problem and the output ``(T, H, d)``.  Every check runs before any launch; those that
+    read index values on the device (cu_seqlens, slot ids) cost one sync each on CUDA, once per tensor
+    version, and are skipped with ``check_indices=False`` (docs/design.md §13.3).
+    """
+    where = "linear_attention_varlen"
+    b, c, v = check_tensor("b", b), check_tensor("c", c), check_tensor("v", v)
+    for name, x in (("b", b), ("c", c), ("v", v)):
+        if x.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (T, heads, dim): the packed tokens of every sequence, got shape "
+                             f"{tuple(x.shape)}")
+    if not (b.dtype == c.dtype == v.dtype):
+        raise TypeError(f"b, c and v must share one dtype, got {b.dtype}, {c.dtype}, {v.dtype}")
+    if not (b.device == c.device == v.device):
+        raise ValueError(f"b, c and v must be on one device, got {b.device}, {c.device}, {v.device}")
+    T, H, r = b.shape
+    if tuple(c.shape) != (T, H, r):
+        raise ValueError(f"c must have the shape of b {tuple(b.shape)}, got {tuple(c.shape)}")
+    if tuple(v.shape[:2]) != (T, H):
+        raise ValueError(f"v must match b in T and heads (T, heads, dim): b has shape {tuple(b.shape)}, v has "
+                         f"shape {tuple(v.shape)}")
+    d = v.shape[-1]
+    check_dims(r, d, where)
+    device = v.device
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be None, 'ieee' or 'tf32', got {precision!r}")
+    check_bool("return_state", return_state)
+    check_bool("check_indices", check_indices)
+    check_constant_gamma(gamma)
+    check_autograd(where, b, c, v, state_pool)
+
+    cu = check_index("cu_seqlens", cu_seqlens, None, device, "offsets of the packed sequences, (N + 1,) from 0 to T")
+    if cu.shape[0] < 1:
+        raise ValueError("cu_seqlens must hold N + 1 ≥ 1 offsets (N sequences), got an empty tensor")
+    N = cu.shape[0] - 1
+    if state_pool is None:
+        for name, x in (("slot_ids", slot_ids), ("has_initial_state", has_initial_state)):
+            if x is not None:
+                raise ValueError(f"{name} needs a state_pool (slots, heads, r, d) to index, got state_pool=None")
+        slots = 0
+    else:
+        check_pool("state_pool", state_pool, H, r, d, device)
+        if slot_ids is None:
+            raise ValueError(f"state_pool needs slot_ids, the ({N},) pool slot of each sequence, got slot_ids=None")
+        check_index("slot_ids", slot_ids, N, device, "the state pool's slot of each sequence, < 0: none")
+        slots = state_pool.shape[0]
+        if has_initial_state is not None:
+            if not isinstance(has_initial_state, torch.Tensor) or has_initial_state.dtype not in _FLAG_DTYPES:
+                raise TypeError(f"has_initial_state must be a bool (or integer) tensor of shape ({N},), got "
+                                f"{type_name(has_initial_state)}")
+            if tuple(has_initial_state.shape) != (N,):
+                raise ValueError(f"has_initial_state must have shape ({N},) (one flag per sequence), got "
+                                 f"{tuple(has_initial_state.shape)}")
+            if has_initial_state.device != device:
+                raise ValueError(f"has_initial_state must be on the inputs' device {device}, got "
+                                 f"{has_initial_state.device}")
+    check_cu_seqlens_values(cu, T, check_indices)
+    if state_pool is not None:
+        check_slot_values("slot_ids", slot_ids, slots, check_indices)
+
+    gamma_h = resolve_gamma(gamma, H, device)
+    out = new_empty((T, H, d), v.dtype, device)
+    if state_pool is not None:
+        state = state_pool
+    else:
+        state = new_empty((N, H, r, d), torch.float32, device) if return_state else None
+    initial = state_pool if (state_pool is not None and has_initial_state is not None) else None
+    problem = VarlenProblem(packed(b), packed(c), packed(v), gamma_h, initial, packed(out), state, precision or "ieee",
+                            cu_seqlens=cu, slot_ids=slot_ids, has_initial=has_initial_state if initial is not None
+                            else None, pool_slots=slots)
+    return problem, out
 
 
 def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,

@@ -104,6 +104,14 @@ def head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_str
 
 
 @triton.jit
+def and_scalar(mask, flag):
+    """``mask & flag`` for a block ``mask`` and a scalar int1 ``flag`` (a slot's liveness).  Broadcast
+    by hand: Triton 3.x's interpreter gives the direct form a dtype its masked loads reject; on the
+    GPU both compile to the same predicate."""
+    return mask & ((tl.zeros(mask.shape, tl.int32) + flag.to(tl.int32)) != 0)
+
+
+@triton.jit
 def mma(a, b, PRECISION: tl.constexpr):
     """``a @ b`` with float32 accumulation; ``PRECISION`` applies to float32 operands."""
     if _INTERPRETER_BF16_DOT:

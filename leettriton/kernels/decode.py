@@ -29,9 +29,49 @@ from ..autotune import autotune, is_interpreting
 from ..autotune.configs import CompiledLaunches
 from . import decode_space as spaces
 from ..autotune.sizing import cdiv
-from .abi import batch_head, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
+from .abi import and_scalar, batch_head, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
 
 _KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY"]
+
+
+@triton.jit
+def _token_pass(p_b, p_c, p_v, p_st, b_stride, c_stride, v_stride, st_stride_k, st_stride_v, p_keep, keep_stride_t,
+                keep_stride_k, keep_stride_v, first, o_v, R, D, g_hi, g_lo, HAS_DECAY: tl.constexpr,
+                KEEP: tl.constexpr, GUARDED: tl.constexpr, live, BK: tl.constexpr, BV: tl.constexpr):
+    """One token over a [R, BV] column slice of one state: S ← γ S + c_tᵀ v_t in place, tile by tile;
+    returns the [BV] slice of b_t S.  ``GUARDED``: the state is read and written only where ``live``
+    (a padding row computes its output from a zero state and touches no memory).  ``KEEP``: the new
+    slice is also written at ``p_keep + keep_stride_t`` and, where ``first`` (a [BV] flag: the
+    first token), the slice before it at ``p_keep`` (a padding row's kept states are zeros)."""
+    m_v = o_v < D
+    if GUARDED:
+        m_v = and_scalar(m_v, live)
+    b_v = tl.load(p_v + o_v * v_stride, mask=o_v < D, other=0.0).to(tl.float32)
+    acc = tl.zeros([BK, BV], dtype=tl.float32)
+    for k0 in range(0, R, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < R
+        b_b = tl.load(p_b + o_k * b_stride, mask=m_k, other=0.0).to(tl.float32)
+        b_c = tl.load(p_c + o_k * c_stride, mask=m_k, other=0.0).to(tl.float32)
+        p_s = p_st + o_k[:, None] * st_stride_k + o_v[None, :] * st_stride_v
+        m_s = m_k[:, None] & m_v[None, :]
+        b_s = tl.load(p_s, mask=m_s, other=0.0)  # [BK, BV]
+        if KEEP:
+            p_k = p_keep + o_k[:, None] * keep_stride_k + o_v[None, :] * keep_stride_v
+            m_keep = m_k[:, None] & (o_v < D)[None, :]
+            tl.store(p_k, b_s, mask=m_keep & first[None, :])
+        if HAS_DECAY:
+            b_s = tl.fma(b_s, g_hi, tl.fma(b_s, g_lo, b_c[:, None] * b_v[None, :]))
+        else:
+            b_s += b_c[:, None] * b_v[None, :]
+        tl.store(p_s, b_s, mask=m_s)
+        if KEEP:
+            if GUARDED:
+                tl.store(p_k + keep_stride_t, tl.where(live, b_s, 0.0), mask=m_keep)
+            else:
+                tl.store(p_k + keep_stride_t, b_s, mask=m_keep)
+        acc += b_b[:, None] * b_s
+    return tl.sum(acc, axis=0)  # [BV] = b_t S over the keys
 
 
 @autotune(spaces.STEP, key=_KEY, restore_value=["st_ptr"])
@@ -53,25 +93,54 @@ def _decode_step_kernel(
     g_hi, g_lo = step_decay(lam)
 
     o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < D
-    b_v = tl.load(p_v + o_v * v_strides[2], mask=m_v, other=0.0).to(tl.float32)
-    acc = tl.zeros([BK, BV], dtype=tl.float32)
-    for k0 in range(0, R, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m_k = o_k < R
-        b_b = tl.load(p_b + o_k * b_strides[2], mask=m_k, other=0.0).to(tl.float32)
-        b_c = tl.load(p_c + o_k * c_strides[2], mask=m_k, other=0.0).to(tl.float32)
-        p_s = p_st + o_k[:, None] * st_strides[2] + o_v[None, :] * st_strides[3]
-        m_s = m_k[:, None] & m_v[None, :]
-        b_s = tl.load(p_s, mask=m_s, other=0.0)  # [BK, BV]
-        if HAS_DECAY:
-            b_s = tl.fma(b_s, g_hi, tl.fma(b_s, g_lo, b_c[:, None] * b_v[None, :]))
-        else:
-            b_s += b_c[:, None] * b_v[None, :]
-        tl.store(p_s, b_s, mask=m_s)
-        acc += b_b[:, None] * b_s
-    b_o = tl.sum(acc, axis=0)  # [BV] = b_t S over the keys
-    tl.store(p_o + o_v * o_strides[2], b_o.to(o_ptr.dtype.element_ty), mask=m_v)
+    b_o = _token_pass(p_b, p_c, p_v, p_st, b_strides[2], c_strides[2], v_strides[2], st_strides[2], st_strides[3],
+                      p_st, 0, 0, 0, False, o_v, R, D, g_hi, g_lo, HAS_DECAY, False, False, True, BK, BV)
+    tl.store(p_o + o_v * o_strides[2], b_o.to(o_ptr.dtype.element_ty), mask=o_v < D)
+
+
+_TOKENS_KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY", "SLOTTED", "KEEP"]
+
+
+@autotune(spaces.TOKENS, key=_TOKENS_KEY, restore_value=["st_ptr"])
+@triton.jit(do_not_specialize=["BH_BUCKET", "K", "SLOTS"])
+def _decode_tokens_kernel(
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, st_ptr, slot_ptr, keep_ptr,
+    b_strides, c_strides, v_strides, o_strides, st_strides, keep_strides, H, R, D, K, SLOTS, BH_BUCKET,
+    HAS_DECAY: tl.constexpr, SLOTTED: tl.constexpr, KEEP: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    # b, c, v, o: (batch, head, token, column) strides; the state (row, head, key, value), its row the
+    # batch element's slot (SLOTTED) or the batch element itself; kept states (batch, head, token + 1, key, value)
+    i_v, i_bh = tl.program_id(0) % tl.cdiv(D, BV), tl.program_id(0) // tl.cdiv(D, BV)
+    i_b, i_h = batch_head(i_bh, H)
+    p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
+    if SLOTTED:
+        # the slot id is read here, on the device: a negative id is padding (zero output, no state
+        # touched); one past the pool (possible only when the host checks were skipped) gives NaN
+        # outputs and touches no state either
+        slot = tl.load(slot_ptr + i_b).to(tl.int64)
+        live = (slot >= 0) & (slot < SLOTS)
+        p_st = head_ptr(st_ptr, st_strides, tl.where(live, slot, 0), i_h)
+        fill = tl.where(slot < 0, 0.0, float("nan"))
+    else:
+        live = True
+        p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
+    lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
+    g_hi, g_lo = step_decay(lam)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p_keep = keep_ptr + i_b * keep_strides[0] + i_h * keep_strides[1]
+    for t in range(0, K):
+        b_o = _token_pass(p_b + t * b_strides[2], p_c + t * c_strides[2], p_v + t * v_strides[2], p_st,
+                          b_strides[3], c_strides[3], v_strides[3], st_strides[2], st_strides[3],
+                          p_keep + t * keep_strides[2], keep_strides[2], keep_strides[3], keep_strides[4], (o_v * 0 + t) == 0,
+                          o_v, R, D, g_hi, g_lo,
+                          HAS_DECAY, KEEP, SLOTTED, live, BK, BV)
+        if SLOTTED:
+            b_o = tl.where(live, b_o, fill)
+        tl.store(p_o + t * o_strides[2] + o_v * o_strides[3], b_o.to(o_ptr.dtype.element_ty), mask=o_v < D)
+        # the next token reads the state slice this one wrote: every thread of the program must see
+        # every other thread's stores (the state stays in global memory between tokens)
+        tl.debug_barrier()
 
 
 _LAUNCHES = CompiledLaunches(_decode_step_kernel)
@@ -124,3 +193,62 @@ def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, st
            args["st_strides"], v_t.dtype, None if gamma is None else gamma.dtype,
            tuple(x.data_ptr() % 16 == 0 for x in tensors), None if pinned is None else tuple(sorted(pinned.items())))
     _LAUNCHES.launch(key, grid, pinned, args, state.device)
+
+
+_TOKEN_LAUNCHES = CompiledLaunches(_decode_tokens_kernel)
+"""The slotted / multi-token step's compiled kernels, launched directly as the one-token step's are."""
+
+
+def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept) -> None:
+    """The k-token step in PyTorch, for CPU tensors outside the interpreter (float64 inside)."""
+    B, H, K, r = b.shape
+    if slot_ids is None:
+        rows, live = torch.arange(B), torch.ones(B, dtype=torch.bool)
+    else:
+        ids = slot_ids.long()
+        live = ids >= 0
+        rows = ids.clamp(min=0)
+    s = state[rows].double() * live.view(B, 1, 1, 1)  # (B, H, r, d); zero for padding rows
+    if kept is not None:
+        kept[:, :, 0] = s * live.view(B, 1, 1, 1)
+    for t in range(K):
+        new = c[:, :, t].double().unsqueeze(-1) * v[:, :, t].double().unsqueeze(-2)
+        s = new + (s if gamma is None else gamma.double().view(1, -1, 1, 1) * s)
+        out[:, :, t] = torch.where(live.view(B, 1, 1), (b[:, :, t].double().unsqueeze(-2) @ s).squeeze(-2), 0.0)
+        if kept is not None:
+            kept[:, :, t + 1] = s * live.view(B, 1, 1, 1)
+    if bool(live.any()):
+        state[rows[live]] = s[live].to(state.dtype)
+
+
+def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
+                       gamma: Optional[torch.Tensor], out: torch.Tensor, slot_ids: Optional[torch.Tensor] = None,
+                       kept: Optional[torch.Tensor] = None, config: Optional[Mapping] = None) -> None:
+    """Launch the k-token step (inputs validated by the public functions; docs/design.md §13.1).
+
+    b, c: ``(B, H, k, r)``; v: ``(B, H, k, d)``; out: ``(B, H, k, d)``; state: float32, ``(B, H, r, d)``, or
+    with ``slot_ids`` (``(B,)`` int32/int64) a pool ``(slots, H, r, d)``; updated in place.  ``kept``:
+    float32 ``(B, H, k, r, d)`` that receives the state after each token, or None.
+    """
+    if state.device.type == "cpu" and not is_interpreting():
+        _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept)
+        return
+    B, H, K, r = b.shape
+    d = v.shape[-1]
+    keep = kept if kept is not None else state  # unused stand-in
+    args = dict(
+        b_ptr=b, c_ptr=c, v_ptr=v, o_ptr=out, gamma_ptr=out if gamma is None else gamma, st_ptr=state,
+        slot_ptr=state if slot_ids is None else slot_ids, keep_ptr=keep,
+        b_strides=strides(b), c_strides=strides(c), v_strides=strides(v), o_strides=strides(out),
+        st_strides=strides(state), keep_strides=strides(keep) if kept is not None else (0, 0, 0, 0, 0),
+        H=H, R=r, D=d, K=K, SLOTS=state.shape[0], BH_BUCKET=(B * H).bit_length(),
+        HAS_DECAY=gamma is not None, SLOTTED=slot_ids is not None, KEEP=kept is not None,
+    )
+    grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
+    pinned = (config or {}).get(spaces.TOKENS.name)
+    tensors = (b, c, v, out, args["gamma_ptr"], state, args["slot_ptr"], keep)
+    key = (B * H, H, r, d, args["b_strides"], args["c_strides"], args["v_strides"], args["o_strides"],
+           args["st_strides"], args["keep_strides"], v.dtype, None if gamma is None else gamma.dtype,
+           None if slot_ids is None else slot_ids.dtype, args["SLOTTED"], args["KEEP"],
+           tuple(x.data_ptr() % 16 == 0 for x in tensors), None if pinned is None else tuple(sorted(pinned.items())))
+    _TOKEN_LAUNCHES.launch(key, grid, pinned, args, state.device)

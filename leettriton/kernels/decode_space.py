@@ -53,3 +53,15 @@ STEP = KernelSpace(
     fits=_step_fits,
     keep=_step_keep,
 )
+
+
+TOKENS = KernelSpace(
+    name="decode.tokens",
+    axes={family: _AXES for family in ("default", "a6000", "a100", "ada", "h100", "h200")},
+    cpu=dict(BK=32, BV=32, num_warps=4, num_stages=1),
+    smem=lambda cfg, args: 4 * (cfg["BK"] + 8 * cfg["BV"]),
+    fits=_step_fits,
+    keep=_step_keep,
+)
+"""The slotted and multi-token step (kernels/decode.py ``_decode_tokens_kernel``): the one-token step's
+tiles, tuned apart (its programs may walk k tokens)."""

@@ -47,7 +47,7 @@ from typing import Mapping, Optional
 import triton
 import triton.language as tl
 
-from ...problem import Problem
+from ...problem import Problem, VarlenProblem
 from ..spec import Plan
 from ...autotune import KernelSpace, autotune, launch
 from . import space as spaces
@@ -56,7 +56,7 @@ from ...kernels.pieces import in_r_pieces
 from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, mma,
                             pow2_at_least_16, problem_args, round_to, store_tile)
 
-KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX"]
+KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS"]
 
 
 @triton.jit
@@ -80,6 +80,40 @@ def _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, row
     b_b = load_tile(p_b, o_t, o_k, stride_bn, stride_bk, rows, R)
     b_c = load_tile(p_c, o_t, o_k, stride_cn, stride_ck, rows, R)
     return b_b, b_c
+
+
+@triton.jit
+def _varlen_rows(cu_ptr, i_seq, N):
+    """Rows [start, end) of packed sequence ``i_seq``, from cu_seqlens, clamped to [0, N] (offsets the host
+    did not check can then cost a wrong answer but never an access outside b, c, v or the output)."""
+    t_start = tl.minimum(tl.maximum(tl.load(cu_ptr + i_seq).to(tl.int32), 0), N)
+    t_end = tl.minimum(tl.maximum(tl.load(cu_ptr + i_seq + 1).to(tl.int32), t_start), N)
+    return t_start, t_end
+
+
+@triton.jit
+def _varlen_state_row(slot_ptr, init_ptr, i_seq, NSLOTS, D, HAS_INITIAL: tl.constexpr, SLOTS: tl.constexpr):
+    """Packed sequence ``i_seq``'s state row, and how many value columns of it to read before the walk
+    and to write after it (D or 0: a masked load of none reads zero, a masked store of none writes nothing).
+
+    SLOTS: the row is the sequence's slot in the pool; a negative slot (or one past the pool, possible
+    only when the host checks were skipped) reads and writes nothing; the start state is read where
+    has_initial_state says so.  Otherwise the row is the sequence itself (a returned state per sequence).
+    """
+    if SLOTS:
+        slot = tl.load(slot_ptr + i_seq).to(tl.int64)
+        live = (slot >= 0) & (slot < NSLOTS)
+        row = tl.where(live, slot, 0)
+        d_final = tl.where(live, D, 0)
+        if HAS_INITIAL:
+            d_start = tl.where(live & (tl.load(init_ptr + i_seq) != 0), D, 0)
+        else:
+            d_start = 0
+    else:
+        row = i_seq.to(tl.int64)
+        d_start = D
+        d_final = D
+    return row, d_start, d_final
 
 
 @triton.jit
@@ -121,8 +155,8 @@ def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
 def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS,
-    SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, RP: tl.constexpr,
+    ws_ptr, SEG, NS, cu_ptr, slot_ptr, init_ptr, NSLOTS,
+    SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
@@ -146,8 +180,16 @@ def _chunk_walk_fwd_kernel(
     stride_vn, stride_vd = v_strides[2], v_strides[3]
     stride_on, stride_od = o_strides[2], o_strides[3]
 
-    t_start = i_s * SEG
-    t_end = tl.minimum(t_start + SEG, N)
+    if VARLEN:
+        # a packed batch (B = 1, N = T tokens): segment i_s is packed sequence i_s, its rows from cu_seqlens,
+        # its start and final state in row i_row of the initial and final states (its pool slot, or itself)
+        t_start, t_end = _varlen_rows(cu_ptr, i_s, N)
+        i_row, d_start, d_final = _varlen_state_row(slot_ptr, init_ptr, i_s, NSLOTS, D, HAS_INITIAL, SLOTS)
+    else:
+        t_start = i_s * SEG
+        t_end = tl.minimum(t_start + SEG, N)
+        i_row = i_b
+        d_start = D
     t_start64 = t_start.to(tl.int64)
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     p_b += t_start64 * stride_bn
@@ -168,15 +210,15 @@ def _chunk_walk_fwd_kernel(
         stride_sk = D
         stride_sd = 1
     else:
-        p_s = head_ptr(s0_ptr, s0_strides, i_b, i_h)
+        p_s = head_ptr(s0_ptr, s0_strides, i_row, i_h)
         stride_sk = s0_strides[2]
         stride_sd = s0_strides[3]
-    s0 = _start_state(p_s, stride_sk, stride_sd, o_k, o_v, R, D, HAS_INITIAL, BK, BV)
+    s0 = _start_state(p_s, stride_sk, stride_sd, o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
     if NK >= 2:
-        s1 = _start_state(p_s, stride_sk, stride_sd, BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
+        s1 = _start_state(p_s, stride_sk, stride_sd, BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
     if NK >= 4:
-        s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
-        s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, D, HAS_INITIAL, BK, BV)
+        s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
+        s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
     if PREFIX:
         g_s = decay(lam, i_s.to(tl.int64) * SEG, HAS_DECAY)
         s0 = s0 * g_s
@@ -253,8 +295,16 @@ def _chunk_walk_fwd_kernel(
         p_v += BT * stride_vn
         p_o += BT * stride_on
 
-    # the final state: the walk of the last segment ends with it
-    if STORE_STATE:
+    # the final state: the walk of the last segment ends with it (of a packed sequence: its only walk)
+    if STORE_STATE and VARLEN:
+        p_st = head_ptr(st_ptr, st_strides, i_row, i_h)
+        _store_state(p_st, s0, st_strides[2], st_strides[3], o_k, o_v, R, d_final)
+        if NK >= 2:
+            _store_state(p_st, s1, st_strides[2], st_strides[3], BK + o_k, o_v, R, d_final)
+        if NK >= 4:
+            _store_state(p_st, s2, st_strides[2], st_strides[3], 2 * BK + o_k, o_v, R, d_final)
+            _store_state(p_st, s3, st_strides[2], st_strides[3], 3 * BK + o_k, o_v, R, d_final)
+    if STORE_STATE and not VARLEN:
         if i_s == NS - 1:
             p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
             _store_state(p_st, s0, st_strides[2], st_strides[3], o_k, o_v, R, D)
@@ -265,16 +315,22 @@ def _chunk_walk_fwd_kernel(
                 _store_state(p_st, s3, st_strides[2], st_strides[3], 3 * BK + o_k, o_v, R, D)
 
 
-def chunk_walk_kernel(space: KernelSpace):
+def chunk_walk_kernel(space: KernelSpace, **autotune_options):
     """The chunk walk compiled as its own kernel, autotuned over ``space``.
 
     Each method that launches the walk gets its own instance (its own config
-    space, its own tuned choices), from the one body above.
+    space, its own tuned choices), from the one body above.  ``autotune_options``
+    go to the autotuner (the packed walk, which updates a state pool in place,
+    restores it between trials).
     """
-    return autotune(space, key=KEY)(triton.jit(do_not_specialize=["N", "SEG", "NS"])(_chunk_walk_fwd_kernel))
+    return autotune(space, key=KEY, **autotune_options)(
+        triton.jit(do_not_specialize=["N", "SEG", "NS", "NSLOTS"])(_chunk_walk_fwd_kernel))
 
 
 _lightning_attention_fwd_kernel = chunk_walk_kernel(spaces.FWD)
+# the packed walk reads its start states from a pool and writes the final states over them: every
+# autotuning trial must start from the same pool
+_varlen_walk_kernel = chunk_walk_kernel(spaces.VARLEN, restore_value=["st_ptr"])
 
 
 def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[Mapping], *, ws=None,
@@ -299,7 +355,8 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     launch(kernel, grid, (config or {}).get(space.name), **args, ws_ptr=ws, SEG=seg_len, NS=ns,
-           SEGMENTED=segmented, PREFIX=prefix, RP=pow2_at_least_16(r))
+           cu_ptr=ws, slot_ptr=ws, init_ptr=ws, NSLOTS=0,
+           SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r))
 
 
 WALK_MAX_R = 256
@@ -311,3 +368,24 @@ def lightning_attention_fwd(p: Problem, plan: Plan) -> None:
     """Launch the fused chunk walk for ``p`` with the plan's configs (r > 256: in pieces of r)."""
     in_r_pieces(p, WALK_MAX_R, lambda piece: launch_chunk_walk(_lightning_attention_fwd_kernel, spaces.FWD,
                                                                piece, plan.configs))
+
+
+def launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping] = None) -> None:
+    """Walk every packed sequence of ``p`` in one launch: one program per (value tile, sequence, head),
+    each reading its rows from cu_seqlens and its start state from its pool slot (docs/design.md §13.2).
+
+    ``config`` maps the space name to a config (None: autotune).  r > 256 runs in pieces of r.
+    """
+    in_r_pieces(p, WALK_MAX_R, lambda piece: _launch_varlen_walk(piece, config))
+
+
+def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping]) -> None:
+    B, H, n, r, d = p.shape
+    seqs = p.num_seqs
+    args = problem_args(p)
+    stand_in = p.cu_seqlens
+    grid = lambda meta: (cdiv(d, meta["BV"]) * seqs * H,)  # noqa: E731
+    launch(_varlen_walk_kernel, grid, (config or {}).get(spaces.VARLEN.name), **args, ws_ptr=p.out, SEG=n, NS=seqs,
+           cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
+           init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
+           SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r))

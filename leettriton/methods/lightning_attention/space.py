@@ -119,3 +119,6 @@ def walk_space(name: str) -> KernelSpace:
 
 
 FWD = walk_space("lightning_attention.fwd")
+
+VARLEN = walk_space("lightning_attention.varlen")
+"""The packed (variable-length) walk: the same body and table, tuned apart (docs/design.md §13.2)."""

@@ -113,14 +113,21 @@ class Report:
         """One line of the closing summary: a target, what was measured, PASS / FAIL / n/a."""
         self.targets.append([what, measured, goal, verdict(passed)])
 
-    def finish(self, out: Optional[str]) -> tuple[str, str]:
-        """Write ``<out>/<gpu>/<name>.json`` and ``.md`` and print the targets table last."""
+    def save(self, out: Optional[str]) -> tuple[str, str, str]:
+        """Write ``<out>/<gpu>/<name>.json`` and ``.md`` with what is there so far, quietly: a script that
+        calls this after each section leaves its finished sections behind if it is cut off.
+        Returns the two paths and the targets table."""
         out = os.path.join(out or RESULTS, self.meta["device_slug"])
         summary = bench.markdown_table(["target", "measured", "goal", "verdict"], self.targets) if self.targets else \
             "(no targets)"
         body = "\n".join(self.sections) + f"\n## Targets\n\n{summary}\n"
         jpath, mpath = bench.write_results(self.rows, dict(self.meta, targets=self.targets),
                                            os.path.join(out, self.name), title=self.title, body=body)
+        return jpath, mpath, summary
+
+    def finish(self, out: Optional[str]) -> tuple[str, str]:
+        """Write ``<out>/<gpu>/<name>.json`` and ``.md`` and print the targets table last."""
+        jpath, mpath, summary = self.save(out)
         print(f"\nwrote {jpath} and {mpath}\n", flush=True)
         print(summary, flush=True)
         return jpath, mpath

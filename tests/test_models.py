@@ -131,6 +131,39 @@ def test_save_and_load_round_trip(kind, tmp_path):
         assert_close(loaded.eval()(ids).logits, model(ids).logits, tolerance(torch.float32), kind)
 
 
+def _train(model, ids, steps):
+    """``steps`` AdamW steps on the language-model loss of ``ids``: the losses, and the first step's gradients."""
+    model.train()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, first = [], None
+    for _ in range(steps):
+        out = model(ids, labels=ids)
+        assert out.past_key_values is None                  # training mode keeps no cache unless asked
+        optimiser.zero_grad(set_to_none=True)
+        out.loss.backward()
+        if first is None:
+            first = {name: p.grad.clone() for name, p in model.named_parameters()}
+        optimiser.step()
+        losses.append(out.loss.item())
+    return losses, first
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_training_lowers_the_loss_with_the_torch_path_and_the_kernels(kind):
+    """AdamW on one fixed batch: the loss falls; the kernels (interpreter on CPU) give the torch path's gradients
+    at the first step (every parameter) and its losses after that, step for step.  The layers' gradients against
+    the float64 oracle: tests/test_nn.py."""
+    ids = _ids(B=1, n=24, seed=4)   # batch 1: the interpreter's time grows with batch × heads
+    torch_losses, torch_grads = _train(MODELS[kind]("block_based_torch"), ids, 12)
+    assert torch_losses[-1] < 0.2 * torch_losses[0], torch_losses
+    kernel_losses, kernel_grads = _train(MODELS[kind]("lightning_attention"), ids, 5)
+    assert kernel_losses[-1] < 0.5 * kernel_losses[0], kernel_losses
+    for name, grad in torch_grads.items():
+        assert_close(kernel_grads[name], grad, tolerance(torch.float32), f"{kind}: first step, d loss / d {name}")
+    assert_close(torch.tensor(kernel_losses), torch.tensor(torch_losses[:5]), tolerance(torch.float32),
+                 f"{kind}: losses of the kernels' steps")
+
+
 def test_configs_take_the_common_names():
     config = TransNormerConfig(hidden_size=64, num_heads=4, num_hidden_layers=3, vocab_size=100)
     assert (config.decoder_embed_dim, config.decoder_attention_heads, config.decoder_layers) == (64, 4, 3)

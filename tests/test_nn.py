@@ -2,8 +2,9 @@
 
 The float64 layers below are written from the models' definitions (projections, rotary or LRPE
 positions, decay per head, norms, gates) and compute the attention with :func:`leettriton.reference`,
-so a layer that mixes up heads, positions, scales or states fails.  Tiny sizes: the CPU suite runs the
-Triton kernels in the interpreter.
+so a layer that mixes up heads, positions, scales or states fails.  They take the layer's parameters
+differentiably, so the layers' parameter gradients are checked against theirs too.  Tiny sizes: the CPU
+suite runs the Triton kernels in the interpreter.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def lightning_layer(method="auto", layer_idx=0, num_layers=3, use_lrpe=False, se
 # ----------------------------------------------------------------------------- float64 layers
 
 def _w(linear):
-    return linear.weight.detach().double()
+    return linear.weight.double()   # differentiable: gradients reach the layer's parameters (float32 .grad)
 
 
 def retention64(layer: MultiScaleRetention, x: torch.Tensor, mask=None) -> torch.Tensor:
@@ -76,7 +77,7 @@ def retention64(layer: MultiScaleRetention, x: torch.Tensor, mask=None) -> torch
     gamma = torch.tensor([1 - 2.0 ** (-5 - h) for h in range(H)], dtype=torch.float64)
     o = leettriton.reference(b.float(), c.float(), v.float(), gamma, layout="bnhd")
     norm = layer.g_norm_swish_gate if layer.fuse_norm_and_gate else layer.g_norm
-    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.detach().double()
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.double()
     g = (x @ _w(layer.g_proj).T).view(B, n, H, d)
     o = o * g * torch.sigmoid(g)
     return o.reshape(B, n, H * d) @ _w(layer.o_proj).T
@@ -93,7 +94,7 @@ def lightning64(layer: NormLinearAttention, x: torch.Tensor, mask=None) -> torch
     if mask is not None:
         v = v * mask[:, :, None, None].double()
     if layer.use_lrpe:
-        theta = layer.lrpe.theta.detach().double()[:, 0]                 # [H, D]
+        theta = layer.lrpe.theta.double()[:, 0]                          # [H, D]
         angle = torch.arange(n, dtype=torch.float64)[:, None, None] * theta
         q = torch.cat((q * torch.cos(angle), q * torch.sin(angle)), -1)
         k = torch.cat((k * torch.cos(angle), k * torch.sin(angle)), -1)
@@ -139,6 +140,54 @@ def test_layer_variants(case):
         x, tol = x.bfloat16(), 2 * tolerance(torch.bfloat16)   # bfloat16 projections and norms around the kernels
     with torch.no_grad():
         assert_close(layer(x).float(), ref(layer, x), tol, case)
+
+
+GRAD_METHODS = ["lightning_attention", "block_based_torch"]   # a kernel (the interpreter on CPU), a torch path
+
+
+def _gradients(layer, x, loss_of):
+    """d loss / d x and d loss / d every parameter, after a fresh backward of ``loss_of(layer, x)``."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    loss_of(layer, x).backward()
+    return {"x": x.grad, **{name: p.grad for name, p in layer.named_parameters()}}
+
+
+@pytest.mark.parametrize("method", GRAD_METHODS)
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_layer_gradients_match_float64_layer(kind, method):
+    """The gradients of a weighted sum of the layer's output, for the input and every parameter (projections,
+    norm weights, LRPE frequencies), against autograd through the float64 layer and the float64 oracle."""
+    make, ref = LAYERS[kind]
+    layer = make(method, use_lrpe=True) if kind == "lightning" else make(method)
+    x = _inputs(n=20)
+    weight = torch.randn(2, 20, HIDDEN, generator=torch.Generator().manual_seed(9))   # loss Σ W ⊙ y
+    got = _gradients(layer, x, lambda m, x: (m(x) * weight).sum())
+    want = _gradients(layer, x, lambda m, x: (ref(m, x) * weight.double()).sum())
+    assert set(got) == set(want) and all(g is not None for g in got.values()), sorted(got)
+    for name in want:
+        assert_close(got[name], want[name], tolerance(torch.float32), f"{kind} {method}: d loss / d {name}")
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_one_token_call_that_needs_a_gradient_is_differentiable(kind):
+    """With grad on, prefill + one-token call through a cache: the gradients of one prefill (decode_step has no
+    backward, so that token runs as a one-row linear_attention call from the cached state)."""
+    make, ref = LAYERS[kind]
+    layer = make("block_based_torch")
+    x = _inputs(n=7)
+    weight = torch.randn(2, 7, HIDDEN, generator=torch.Generator().manual_seed(9))
+
+    def pieces(m, x):
+        cache = LinearAttentionCache()
+        y = torch.cat([m(x[:, :6], cache=cache), m(x[:, 6:], cache=cache)], 1)
+        assert cache.get_seq_length(0) == 7
+        return (y * weight).sum()
+
+    got = _gradients(layer, x, pieces)
+    want = _gradients(layer, x, lambda m, x: (ref(m, x) * weight.double()).sum())
+    for name in want:
+        assert_close(got[name], want[name], tolerance(torch.float32), f"{kind}: d loss / d {name}")
 
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))

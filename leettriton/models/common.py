@@ -80,6 +80,16 @@ class LinearAttentionPreTrainedModel(PreTrainedModel):
         self.config.attention_method = method
         self.config.attention_precision = precision
 
+    def default_use_cache(self, use_cache: Optional[bool], cache) -> bool:
+        """``use_cache`` if given; else True when a cache is passed, else ``config.use_cache`` in eval mode and
+        False in training mode (a training step keeps no states; pass ``use_cache=True`` or a cache to chain
+        pieces of a sequence)."""
+        if use_cache is not None:
+            return use_cache
+        if cache is not None:
+            return True
+        return bool(self.config.use_cache) and not self.training
+
     def cache_owner(self) -> tuple:
         """A tag of this model's shape of states: a cache made by another model has another tag."""
         shapes = []
@@ -146,7 +156,7 @@ class LinearAttentionGenerationMixin(GenerationMixin):
         if cache is not None and past_key_values is not None:
             raise ValueError("give the cache as cache or as past_key_values, not both")
         cache = cache if cache is not None else past_key_values
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        use_cache = self.default_use_cache(use_cache, cache)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                          cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states)

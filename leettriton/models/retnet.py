@@ -137,9 +137,10 @@ class RetNetModel(RetNetPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, use_cache=None,
                 output_hidden_states=None, past_key_values=None, return_dict=None):
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        cache = cache if cache is not None else past_key_values
+        use_cache = self.default_use_cache(use_cache, cache)
         return decoder_forward(self, self.embeddings, self.layers, self.norm, input_ids, attention_mask,
-                               inputs_embeds, cache if cache is not None else past_key_values, use_cache,
+                               inputs_embeds, cache, use_cache,
                                output_hidden_states)
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import api, registry
+from ..problem import requires_grad
 from .cache import LinearAttentionCache
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor"]
@@ -61,7 +62,10 @@ def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: torch.Tenso
 
     Without a cache: one ``linear_attention`` call.  With one: a one-token call on a layer that already
     has a state is ``decode_step`` (state updated in place); any other call is ``linear_attention`` from
-    the cached state, whose final state replaces it.  Returns ``(batch, n, heads, d)`` in v's dtype.
+    the cached state, whose final state replaces it.  ``decode_step`` has no backward, so a one-token call
+    that needs a gradient (grad mode on and an input or the cached state requiring grad) is a
+    one-row ``linear_attention`` call instead: the same values, differentiable, the state replaced rather
+    than written in place (docs/design.md §12.2).  Returns ``(batch, n, heads, d)`` in v's dtype.
     """
     if cache is None:
         return api.linear_attention(b, c, v, gamma, method=method, layout="bnhd", precision=precision)
@@ -72,7 +76,7 @@ def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: torch.Tenso
     if state is not None and tuple(state.shape) != (B, H, r, d):
         raise ValueError(f"cache layer {layer_idx} holds a state of shape {tuple(state.shape)}, but this layer needs "
                          f"(batch, heads, r, d) = {(B, H, r, d)}: a cache of another model or of another batch")
-    if n == 1 and state is not None:
+    if n == 1 and state is not None and not requires_grad(b, c, v, state):
         state = cache.step_in_place(layer_idx)
         o, _ = api.decode_step(b[:, 0], c[:, 0], v[:, 0], state, gamma)
         return o.unsqueeze(1)

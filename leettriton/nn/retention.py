@@ -59,6 +59,10 @@ class MultiScaleRetention(nn.Module):
 
     Shapes: ``x`` ``(batch, n, hidden_size)`` → ``(batch, n, hidden_size)``.
 
+    Differentiable with every method (``linear_attention``'s backward, docs/design.md §10); a one-token
+    call through a cache that needs a gradient runs ``linear_attention`` rather than ``decode_step``,
+    which has no backward (docs/design.md §12.2).
+
     Example::
 
         >>> layer = MultiScaleRetention(hidden_size=2048, num_heads=8, layer_idx=0).cuda().half()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 import leettriton
 from leettriton import tune
 from leettriton.problem import make_problem
-from leettriton.autotune import FAMILIES, current_family, recording
+from leettriton.autotune import FAMILIES, KERNELS, current_family, recording
 from leettriton.autotune.heuristics import FORMAT, HeuristicsError, read_heuristics
 from leettriton.plan import choose, fallback
 from conftest import DEVICE
@@ -179,3 +180,27 @@ def test_tune_reports_a_malformed_grid_option(monkeypatch, capsys):
         tune.main(["--gpu", "h100", "--bh", "48"])
     assert exc.value.code == 2
     assert "--bh values above 32 must be multiples of 32" in capsys.readouterr().err
+
+
+PACKAGED = sorted((Path(leettriton.__file__).parent / "autotune" / "heuristics").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", PACKAGED, ids=[p.stem for p in PACKAGED])
+def test_packaged_files_name_configs_of_todays_spaces(path):
+    """Every config a packaged heuristic file pins (the chosen one and each method's) is still in its
+    kernel's config list for the file's family: a space that drops or renames a config fails here."""
+    leettriton.linear_attention  # the API import registers every kernel in KERNELS
+    doc = json.loads(path.read_text())
+    family = doc["family"]
+    spaces = {name: kernel.space for name, kernel in KERNELS.items()}
+    stale = []
+    for p in doc["points"]:
+        pinned = [p["config"], *p.get("configs", {}).values()]
+        for configs in pinned:
+            for name, cfg in configs.items():
+                if name not in spaces:
+                    stale.append((p["dtype"], p["r"], p["d"], p["bh"], p["n"], name, "unknown kernel"))
+                elif dict(cfg) not in spaces[name].family_configs(family):
+                    stale.append((p["dtype"], p["r"], p["d"], p["bh"], p["n"], name, cfg))
+    assert doc["measured"].get("git_sha"), f"{path.name} does not record the code it was measured with"
+    assert not stale, f"{path.name}: {len(stale)} pinned configs outside today's spaces, first {stale[:3]}"

@@ -20,7 +20,7 @@ from .methods import builtin_methods
 from .methods.lightning_attention.kernels import launch_varlen_walk
 from .plan import run_problem
 from .problem import (Problem, check_autograd, check_bool, check_constant_gamma, check_dims, check_index, check_pool,
-                      check_slot_values, check_state, check_tensor, make_problem, new_empty, requires_grad,
+                      check_slot_values, check_state, check_tensor, check_token_triple, make_problem, new_empty, requires_grad,
                       make_varlen_problem, resolve_gamma)
 
 __all__ = ["linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
@@ -181,23 +181,8 @@ _CHECKED_DECODE_SIGNATURES: set = set()
 
 def _check_decode_step(b_t, c_t, v_t, state) -> None:
     """decode_step's checks of its tensors (anything else: gamma, autograd, is checked on every call)."""
-    b_t = check_tensor("b_t", b_t)
-    c_t = check_tensor("c_t", c_t)
-    v_t = check_tensor("v_t", v_t)
-    for name, x in (("b_t", b_t), ("c_t", c_t), ("v_t", v_t)):
-        if x.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (batch, heads, dim), got shape {tuple(x.shape)}")
-    if not (b_t.dtype == c_t.dtype == v_t.dtype):
-        raise TypeError(f"b_t, c_t and v_t must share one dtype, got {b_t.dtype}, {c_t.dtype}, {v_t.dtype}")
-    if not (b_t.device == c_t.device == v_t.device):
-        raise ValueError(f"b_t, c_t and v_t must be on one device, got {b_t.device}, {c_t.device}, {v_t.device}")
-    B, H, r = b_t.shape
-    if tuple(c_t.shape) != (B, H, r):
-        raise ValueError(f"c_t must have the shape of b_t {tuple(b_t.shape)}, got {tuple(c_t.shape)}")
-    if tuple(v_t.shape[:2]) != (B, H):
-        raise ValueError(f"v_t must match b_t in batch and heads: b_t has shape {tuple(b_t.shape)}, v_t has "
-                         f"shape {tuple(v_t.shape)}")
-    d = v_t.shape[-1]
+    (b_t, c_t, v_t), (B, H, r, d) = check_token_triple(("b_t", "c_t", "v_t"), b_t, c_t, v_t,
+                                                       "(batch, heads, dim)", "batch and heads")
     check_dims(r, d, "decode_step")
     check_state("state", state, (B, H, r, d), v_t.device)
 

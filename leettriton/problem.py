@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 __all__ = [
-    "Problem", "make_problem", "check_tensor", "check_dims", "check_device", "resolve_gamma", "type_name",
+    "Problem", "make_problem", "check_tensor", "check_token_triple", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
     "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed",
@@ -129,6 +129,29 @@ def check_device(name: str, x: torch.Tensor, device_types=DEVICE_TYPES) -> None:
     if x.device.type not in device_types:
         raise ValueError(f"{name} must be on a CPU or CUDA device, got a tensor on {x.device} "
                          f"(leettriton runs Triton kernels on CUDA and PyTorch code on the CPU)")
+
+
+def check_token_triple(names: tuple[str, str, str], b, c, v, axes: str, lead: str):
+    """Check three 3-D tensors ``(lead, heads, dim)`` read as b, c and v (decode's tokens, packed prefill's
+    rows): float tensors on one device, one dtype, c shaped as b, v matching b but in its last dimension.
+    ``axes`` describes the three dimensions in errors, ``lead`` what v must share with b.
+    Returns ``(b, c, v)`` and the sizes ``(lead, heads, r, d)``."""
+    nb, nc, nv = names
+    b, c, v = check_tensor(nb, b), check_tensor(nc, c), check_tensor(nv, v)
+    for name, x in ((nb, b), (nc, c), (nv, v)):
+        if x.dim() != 3:
+            raise ValueError(f"{name} must be 3-D {axes}, got shape {tuple(x.shape)}")
+    if not (b.dtype == c.dtype == v.dtype):
+        raise TypeError(f"{nb}, {nc} and {nv} must share one dtype, got {b.dtype}, {c.dtype}, {v.dtype}")
+    if not (b.device == c.device == v.device):
+        raise ValueError(f"{nb}, {nc} and {nv} must be on one device, got {b.device}, {c.device}, {v.device}")
+    n, H, r = b.shape
+    if tuple(c.shape) != (n, H, r):
+        raise ValueError(f"{nc} must have the shape of {nb} {tuple(b.shape)}, got {tuple(c.shape)}")
+    if tuple(v.shape[:2]) != (n, H):
+        raise ValueError(f"{nv} must match {nb} in {lead}: {nb} has shape {tuple(b.shape)}, {nv} has "
+                         f"shape {tuple(v.shape)}")
+    return (b, c, v), (n, H, r, v.shape[-1])
 
 
 def check_dims(r: int, d: int, where: str) -> None:
@@ -397,22 +420,9 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
     version, and are skipped with ``check_indices=False`` (docs/design.md §13.3).
     """
     where = "linear_attention_varlen"
-    b, c, v = check_tensor("b", b), check_tensor("c", c), check_tensor("v", v)
-    for name, x in (("b", b), ("c", c), ("v", v)):
-        if x.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (T, heads, dim): the packed tokens of every sequence, got shape "
-                             f"{tuple(x.shape)}")
-    if not (b.dtype == c.dtype == v.dtype):
-        raise TypeError(f"b, c and v must share one dtype, got {b.dtype}, {c.dtype}, {v.dtype}")
-    if not (b.device == c.device == v.device):
-        raise ValueError(f"b, c and v must be on one device, got {b.device}, {c.device}, {v.device}")
-    T, H, r = b.shape
-    if tuple(c.shape) != (T, H, r):
-        raise ValueError(f"c must have the shape of b {tuple(b.shape)}, got {tuple(c.shape)}")
-    if tuple(v.shape[:2]) != (T, H):
-        raise ValueError(f"v must match b in T and heads (T, heads, dim): b has shape {tuple(b.shape)}, v has "
-                         f"shape {tuple(v.shape)}")
-    d = v.shape[-1]
+    (b, c, v), (T, H, r, d) = check_token_triple(("b", "c", "v"), b, c, v,
+                                                 "(T, heads, dim): the packed tokens of every sequence",
+                                                 "T and heads (T, heads, dim)")
     check_dims(r, d, where)
     device = v.device
     if precision is not None and precision not in PRECISIONS:

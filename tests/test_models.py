@@ -1,6 +1,9 @@
 """RetNetForCausalLM and TransNormerForCausalLM: methods against the float64 oracle path, the cache in
-``generate()``, save/load, and bad inputs.  Tiny configurations (r = 8, d = 16 and r = d = 16)."""
+``generate()``, the fixed-buffer decoder (``StaticDecoder``, ``generate_greedy``; its CUDA graph on a GPU only),
+save/load, and bad inputs.  Tiny configurations (r = 8, d = 16 and r = d = 16)."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 
@@ -145,6 +148,9 @@ def test_static_decoder_gives_the_cache_path_and_one_prefill(kind):
     assert_close(torch.stack(logits, 1), torch.stack(cached, 1), tolerance(torch.float32), f"{kind}: steps vs cache")
     assert_close(torch.stack(logits, 1)[1], full[0, 3:], tolerance(torch.float32), f"{kind}: steps vs one prefill")
     assert decoder.length == 13 and int(decoder.position) == 13
+    twin = copy.deepcopy(model)                        # the kept decoders are not copied: the twin builds its own
+    with torch.no_grad():
+        assert torch.equal(twin.generate_greedy(ids, max_new_tokens=6, attention_mask=mask), want)
 
 
 def test_generate_greedy_stops_at_eos_as_generate_does():

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..nn import LinearAttentionCache
 from ..nn.functional import check_method, rms_norm
-from .decoding import StaticDecoder
+from .decoding import DecoderCache, StaticDecoder
 
 try:  # transformers ≥ 4.56 spells it PreTrainedConfig; older releases PretrainedConfig
     from transformers import PreTrainedConfig
@@ -182,7 +182,7 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
         param = next(self.parameters())
         key = (input_ids.shape[0], param.device, param.dtype, cuda_graph)
-        decoders = self.__dict__.setdefault("_static_decoders", {})
+        decoders = self.__dict__.setdefault("_static_decoders", DecoderCache())
         decoder = decoders.get(key)
         needed = input_ids.shape[1] + max_new_tokens
         if decoder is None or decoder.max_length < needed or not decoder.fits(self):

@@ -13,7 +13,18 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["StaticDecoder"]
+__all__ = ["StaticDecoder", "DecoderCache"]
+
+
+class DecoderCache(dict):
+    """A model's :class:`StaticDecoder` per (batch size, device, dtype, graph): copied or pickled empty, since a
+    copy of a model has parameters of its own (and a CUDA graph cannot be copied)."""
+
+    def __deepcopy__(self, memo) -> "DecoderCache":
+        return DecoderCache()
+
+    def __reduce__(self):
+        return DecoderCache, ()
 
 
 class StaticDecoder:

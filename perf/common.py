@@ -163,6 +163,35 @@ def entry(method: str, device) -> bench.Entry:
     return bench.method_entry(run_name(method, device), label=method)
 
 
+def keep_first_config(module_prefix: str) -> None:
+    """Make every Triton autotuner built from now on for a kernel of a module named ``module_prefix...``
+    (a peer's, e.g. ``"fla."``) keep only its first config: nothing to time, one compile per kernel.
+
+    Call it before the peer is imported (its autotuners are built when its modules are); ours prune their
+    own lists (``LEETTRITON_AUTOTUNE=0``).  Idempotent per prefix.
+    """
+    import triton.runtime.autotuner as autotuner
+
+    init = autotuner.Autotuner.__init__
+    kept = getattr(init, "first_config_prefixes", None)
+    if kept is not None:
+        kept.add(module_prefix)
+        return
+
+    def python_function(fn):
+        while hasattr(fn, "fn"):   # through heuristics and JIT/interpreter wrappers
+            fn = fn.fn
+        return fn
+
+    def first_config_only(self, fn, arg_names, configs, *args, **kwargs):
+        if getattr(python_function(fn), "__module__", "").startswith(tuple(first_config_only.first_config_prefixes)):
+            configs = configs[:1]
+        init(self, fn, arg_names, configs, *args, **kwargs)
+
+    first_config_only.first_config_prefixes = {module_prefix}
+    autotuner.Autotuner.__init__ = first_config_only
+
+
 def device_of(args) -> torch.device:
     return torch.device(args.device) if args.device else bench.default_device()
 

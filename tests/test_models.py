@@ -1,6 +1,9 @@
 """RetNetForCausalLM and TransNormerForCausalLM: methods against the float64 oracle path, the cache in
-``generate()``, save/load, and bad inputs.  Tiny configurations (r = 8, d = 16 and r = d = 16)."""
+``generate()``, the fixed-buffer decoder (``StaticDecoder``, ``generate_greedy``; its CUDA graph on a GPU only),
+save/load, and bad inputs.  Tiny configurations (r = 8, d = 16 and r = d = 16)."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 
@@ -10,7 +13,7 @@ import torch  # noqa: E402
 
 import leettriton  # noqa: E402
 from leettriton.methods import BUILTIN_METHODS  # noqa: E402
-from leettriton.models import (RetNetConfig, RetNetForCausalLM, TransNormerConfig,  # noqa: E402
+from leettriton.models import (RetNetConfig, RetNetForCausalLM, StaticDecoder, TransNormerConfig,  # noqa: E402
                                TransNormerForCausalLM)
 from leettriton.nn import LinearAttentionCache  # noqa: E402
 from leettriton.reference import tolerance  # noqa: E402
@@ -115,6 +118,100 @@ def test_batch_of_left_padded_prompts_generates_each_prompt_alone():
         both = model.generate(batch, attention_mask=mask, **greedy)
         alone = [model.generate(x, attention_mask=torch.ones_like(x), **greedy) for x in (short, long)]
     assert torch.equal(both[0, 9:], alone[0][0, 5:]) and torch.equal(both[1], alone[1][0])
+
+
+def _greedy(model, ids, new, mask=None, **kw):
+    mask = torch.ones_like(ids) if mask is None else mask
+    return model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0, **kw)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_static_decoder_gives_the_cache_path_and_one_prefill(kind):
+    """StaticDecoder (state buffers, the position on the device): each step's logits are those of the one-token
+    forward through a cache and of one prefill over the whole sequence; generate_greedy gives generate()'s tokens,
+    with left padding too."""
+    model = MODELS[kind]("block_based")
+    ids = _ids(B=2, n=7)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0                       # row 1 left-padded
+    with torch.no_grad():
+        want = _greedy(model, ids, 6, mask, min_new_tokens=6)
+        assert torch.equal(model.generate_greedy(ids, max_new_tokens=6, attention_mask=mask), want)
+        decoder = StaticDecoder(model, batch_size=2, max_length=16)
+        cache = model.make_cache()
+        logits = [decoder.prefill(ids, mask)]
+        cached = [model(ids, attention_mask=mask, cache=cache).logits[:, -1]]
+        for t in range(7, 13):
+            logits.append(decoder.step(want[:, t]).clone())
+            cached.append(model(want[:, t:t + 1], attention_mask=torch.ones(2, t + 1), cache=cache).logits[:, 0])
+        full = model(want[1:, 3:13], use_cache=False).logits           # row 1 without its padding, one prefill
+    assert_close(torch.stack(logits, 1), torch.stack(cached, 1), tolerance(torch.float32), f"{kind}: steps vs cache")
+    assert_close(torch.stack(logits, 1)[1], full[0, 3:], tolerance(torch.float32), f"{kind}: steps vs one prefill")
+    assert decoder.length == 13 and int(decoder.position) == 13
+    twin = copy.deepcopy(model)                        # the kept decoders are not copied: the twin builds its own
+    with torch.no_grad():
+        assert torch.equal(twin.generate_greedy(ids, max_new_tokens=6, attention_mask=mask), want)
+
+
+def test_generate_greedy_stops_at_eos_as_generate_does():
+    """With an EOS id: finished rows continue with the pad id, and the output ends when every row has finished."""
+    model = retnet()
+    one, two = _ids(B=1, n=6, seed=5), _ids(B=2, n=6, seed=6)
+    with torch.no_grad():
+        free = _greedy(model, one, 8, min_new_tokens=8)
+        eos = int(free[0, 9])                                            # row 0 meets it by its 4th new token
+        trimmed = model.generate_greedy(one, max_new_tokens=8, eos_token_id=eos, pad_token_id=0)
+        assert trimmed.shape[1] < one.shape[1] + 8
+        assert torch.equal(trimmed, _greedy(model, one, 8, eos_token_id=eos))
+        eos2 = [int(_greedy(model, two, 8, min_new_tokens=8)[0, 8]), 63]
+        padded = model.generate_greedy(two, max_new_tokens=8, eos_token_id=eos2, pad_token_id=0)
+        assert torch.equal(padded, _greedy(model, two, 8, eos_token_id=eos2))
+
+
+def test_static_decoder_refuses_bad_inputs():
+    model = transnormer()
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        StaticDecoder(model, 0, 8)
+    with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+        StaticDecoder(model, 1, 8, cuda_graph=True)
+    with pytest.raises(TypeError, match="causal LM of leettriton.models"):
+        StaticDecoder(torch.nn.Linear(2, 2), 1, 8)
+    decoder = StaticDecoder(model, 2, 8)
+    with pytest.raises(RuntimeError, match="prefill a prompt"):
+        decoder.step(torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch_size=2"):
+        decoder.prefill(_ids(B=3, n=4))
+    with pytest.raises(ValueError, match="max_length - 1 = 7"):
+        decoder.prefill(_ids(B=2, n=8))
+    with pytest.raises(ValueError, match="exceed this decoder's max_length=8"):
+        decoder.generate(_ids(B=2, n=4), max_new_tokens=5)
+    model.to(torch.float64)                                   # new parameter tensors: the decoder cannot follow
+    with pytest.raises(RuntimeError, match="build a new StaticDecoder"):
+        decoder.prefill(_ids(B=2, n=4))
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
+        model.generate_greedy(_ids(B=2, n=4), max_new_tokens=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_cuda_graph_decoding_equals_the_eager_path(kind):
+    """On a GPU: the graph-replayed step gives the eager step's logits and generate()'s tokens, and a second
+    prompt through the same captured graph does too (the graph reads the buffers' new values)."""
+    model = MODELS[kind]("auto").cuda()
+    with torch.no_grad():
+        for seed in (1, 2):
+            ids = _ids(B=3, n=11, seed=seed).cuda()
+            want = _greedy(model, ids, 9, min_new_tokens=9)
+            assert torch.equal(model.generate_greedy(ids, max_new_tokens=9), want), seed
+            graphed, eager = StaticDecoder(model, 3, 32), StaticDecoder(model, 3, 32, cuda_graph=False)
+            assert graphed.graph is not None and eager.graph is None
+            steps = [(graphed.prefill(ids), eager.prefill(ids))]
+            for t in range(11, 19):
+                steps.append((graphed.step(want[:, t]).clone(), eager.step(want[:, t]).clone()))
+            assert_close(torch.stack([g for g, _ in steps]), torch.stack([e for _, e in steps]),
+                         tolerance(torch.float32), f"{kind}: graph vs eager, prompt {seed}")
+            for i, (g, e) in enumerate(zip(graphed.states, eager.states)):
+                assert_close(g, e, tolerance(torch.float32), f"{kind}: layer {i}'s state after the steps")
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))

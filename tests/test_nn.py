@@ -207,6 +207,34 @@ def test_prefill_chunks_and_decode_equal_one_prefill(kind, pieces):
     assert cache.get_seq_length(0) == t0 and cache.get_state(0).dtype == torch.float32
 
 
+@pytest.mark.parametrize("case", ["retention", "retention_grouped_kv", "lightning_lrpe"])
+def test_decode_token_with_a_state_buffer_equals_the_cache_path_and_one_prefill(case):
+    """``decode_token`` (a caller's state updated in place, the position a device tensor): after a prefill, each
+    token gives the one-token call through the cache's output and state, and the float64 layer's last row."""
+    if case == "lightning_lrpe":
+        layer, ref = lightning_layer(use_lrpe=True), lightning64
+    else:
+        layer, ref = retention_layer(kv_heads=1 if case == "retention_grouped_kv" else None), retention64
+    x = _inputs(B=2, n=12)
+    cache = LinearAttentionCache()
+    with torch.no_grad():
+        layer(x[:, :9], cache=cache)
+        state = cache.get_state(0).clone()
+        if hasattr(layer, "rotary"):
+            layer.rotary.table(16, x.device)
+        position = torch.tensor([9])
+        for t in range(9, 12):
+            y = layer.decode_token(x[:, t], state, position)
+            position += 1
+            y_cache = layer(x[:, t:t + 1], cache=cache)
+            assert_close(y, y_cache[:, 0], tolerance(torch.float32), f"{case}: token {t}, decode_token vs cache")
+            assert_close(state, cache.get_state(0), tolerance(torch.float32), f"{case}: state after token {t}")
+            assert_close(y, ref(layer, x[:, :t + 1])[:, -1], tolerance(torch.float32), f"{case}: token {t} vs float64")
+    if hasattr(layer, "rotary"):
+        with pytest.raises(RuntimeError, match="no rotary table"):
+            layer.rotary.apply_at(x[:, 0].view(2, 2, 16).to("meta"), position.to("meta"))
+
+
 def test_left_padding_adds_nothing():
     """A 0 in attention_mask (left padding) leaves the other tokens' outputs and the state as without it."""
     layer = retention_layer()

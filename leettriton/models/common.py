@@ -9,6 +9,7 @@ from torch import nn
 
 from ..nn import LinearAttentionCache
 from ..nn.functional import check_method, rms_norm
+from .decoding import DecoderCache, StaticDecoder
 
 try:  # transformers ≥ 4.56 spells it PreTrainedConfig; older releases PretrainedConfig
     from transformers import PreTrainedConfig
@@ -149,6 +150,47 @@ class LinearAttentionGenerationMixin(GenerationMixin):
         cache.reorder_cache(beam_idx)
         return cache
 
+    def decode_token(self, token: torch.Tensor, states, position: torch.Tensor) -> torch.Tensor:
+        """The logits ``(batch, vocab)`` of one token per row, ``token`` ``(batch,)``, through per-layer float32
+        ``states`` (updated in place) at the position held by the one-element int64 tensor ``position``.
+
+        No host sync and no value-dependent allocation: the step :class:`~leettriton.models.StaticDecoder`
+        captures in a CUDA graph.  The same arithmetic as a one-token ``forward`` through a cache.
+        """
+        return self.lm_head(self.model.decode_token(token, states, position))
+
+    @torch.no_grad()
+    def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int, attention_mask=None, eos_token_id=None,
+                        pad_token_id=None, cuda_graph: Optional[bool] = None) -> torch.Tensor:
+        """Greedy decoding on fixed buffers, on CUDA replayed from a CUDA graph per token: the tokens of
+        ``generate(input_ids, do_sample=False, ...)``, without its per-token Python and launches.
+
+        ``input_ids`` ``(batch, n)``; ``attention_mask`` marks left padding; without ``eos_token_id`` exactly
+        ``max_new_tokens`` are generated (as ``generate`` with ``min_new_tokens=max_new_tokens``).  The model
+        keeps one :class:`~leettriton.models.StaticDecoder` per batch size, device and dtype, reused while the
+        parameters stay where they are and the length fits (a longer request captures a new one).  Returns
+        ``(batch, n + generated)``.
+
+        Example::
+
+            >>> tokens = model.generate_greedy(input_ids, max_new_tokens=128)     # CUDA graph on CUDA
+        """
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a (batch, n) tensor of token ids, got "
+                             f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids!r}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        param = next(self.parameters())
+        key = (input_ids.shape[0], param.device, param.dtype, cuda_graph)
+        decoders = self.__dict__.setdefault("_static_decoders", DecoderCache())
+        decoder = decoders.get(key)
+        needed = input_ids.shape[1] + max_new_tokens
+        if decoder is None or decoder.max_length < needed or not decoder.fits(self):
+            length = max(needed, 2 * decoder.max_length if decoder is not None else 0, 1024)
+            decoders.pop(key, None)   # its graph's memory goes before the new one is captured
+            decoder = decoders[key] = StaticDecoder(self, input_ids.shape[0], length, cuda_graph=cuda_graph)
+        return decoder.generate(input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id)
+
     def causal_lm_forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None,
                           past_key_values=None, use_cache=None, output_hidden_states=None, return_dict=None,
                           labels=None, logits_to_keep=0):
@@ -174,6 +216,16 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             return tuple(x for x in (loss, logits, new_cache, out.hidden_states) if x is not None)
         return model_output(CausalLMOutputWithPast, new_cache, loss=loss, logits=logits,
                             hidden_states=out.hidden_states)
+
+
+def decoder_token(embed, blocks, final_norm, token, states, position):
+    """Embeddings → every block's ``decode_token`` (its own state) → final norm, for one token per row."""
+    if len(states) != len(blocks):
+        raise ValueError(f"states must hold one state per layer ({len(blocks)}), got {len(states)}")
+    hidden = embed(token)
+    for block, state in zip(blocks, states):
+        hidden = block.decode_token(hidden, state, position)
+    return final_norm(hidden)
 
 
 def decoder_forward(model, embed, blocks, final_norm, input_ids, attention_mask, inputs_embeds, cache, use_cache,

@@ -11,7 +11,8 @@ from typing import Optional
 from torch import nn
 
 from ..nn import MultiScaleRetention
-from .common import (GatedMLP, LinearAttentionGenerationMixin, LinearAttentionPreTrainedModel, PreTrainedConfig, RMSNorm, decoder_forward)
+from .common import (GatedMLP, LinearAttentionGenerationMixin, LinearAttentionPreTrainedModel, PreTrainedConfig, RMSNorm,
+                     decoder_forward, decoder_token)
 
 __all__ = ["RetNetConfig", "RetNetModel", "RetNetForCausalLM"]
 
@@ -112,6 +113,11 @@ class RetNetBlock(nn.Module):
         hidden = hidden + self.attn(self.attn_norm(hidden), attention_mask, cache)
         return hidden + self.mlp(self.mlp_norm(hidden))
 
+    def decode_token(self, hidden, state, position):
+        """One token ``(batch, hidden_size)`` through a state held by the caller (no host sync)."""
+        hidden = hidden + self.attn.decode_token(self.attn_norm(hidden), state, position)
+        return hidden + self.mlp(self.mlp_norm(hidden))
+
 
 class RetNetPreTrainedModel(LinearAttentionPreTrainedModel):
     config_class = RetNetConfig
@@ -142,6 +148,10 @@ class RetNetModel(RetNetPreTrainedModel):
         return decoder_forward(self, self.embeddings, self.layers, self.norm, input_ids, attention_mask,
                                inputs_embeds, cache, use_cache,
                                output_hidden_states)
+
+    def decode_token(self, token, states, position):
+        """The final hidden state ``(batch, hidden_size)`` of one token per row (:func:`decoder_token`)."""
+        return decoder_token(self.embeddings, self.layers, self.norm, token, states, position)
 
 
 class RetNetForCausalLM(RetNetPreTrainedModel, LinearAttentionGenerationMixin):

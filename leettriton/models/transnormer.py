@@ -14,7 +14,8 @@ from torch import nn
 
 from ..nn import NormLinearAttention
 from ..nn.lightning import Lrpe, norm_layer
-from .common import LinearAttentionGenerationMixin, LinearAttentionPreTrainedModel, PreTrainedConfig, decoder_forward
+from .common import (LinearAttentionGenerationMixin, LinearAttentionPreTrainedModel, PreTrainedConfig,
+                     decoder_forward, decoder_token)
 
 __all__ = ["TransNormerConfig", "TransNormerModel", "TransNormerForCausalLM"]
 
@@ -103,6 +104,11 @@ class TransNormerBlock(nn.Module):
         hidden = hidden + self.token_mixer(self.token_norm(hidden), attention_mask, cache)
         return hidden + self.channel_mixer(self.channel_norm(hidden))
 
+    def decode_token(self, hidden, state, position):
+        """One token ``(batch, hidden_size)`` through a state held by the caller (no host sync)."""
+        hidden = hidden + self.token_mixer.decode_token(self.token_norm(hidden), state, position)
+        return hidden + self.channel_mixer(self.channel_norm(hidden))
+
 
 class TransNormerPreTrainedModel(LinearAttentionPreTrainedModel):
     config_class = TransNormerConfig
@@ -149,6 +155,10 @@ class TransNormerModel(TransNormerPreTrainedModel):
         return decoder_forward(self, self.embed, self.layers, self.final_norm, input_ids, attention_mask,
                                inputs_embeds, cache, use_cache,
                                output_hidden_states)
+
+    def decode_token(self, token, states, position):
+        """The final hidden state ``(batch, hidden_size)`` of one token per row (:func:`decoder_token`)."""
+        return decoder_token(self.embed, self.layers, self.final_norm, token, states, position)
 
 
 class TransNormerForCausalLM(TransNormerPreTrainedModel, LinearAttentionGenerationMixin):

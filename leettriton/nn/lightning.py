@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .. import api
 from .cache import LinearAttentionCache
 from .functional import activation, attend, check_method, decay_tensor, rms_norm
 
@@ -76,6 +77,16 @@ class Lrpe(nn.Module):
         n = x.shape[1]
         t = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)
         angle = t[:, None, None] * self.theta.float()[:, 0, :][None]   # [n, H, D]
+        return self._encode(x, angle)
+
+    def at(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One token's rows ``x`` ``(B, H, D)`` → ``(B, H, 2D)`` at the position held by ``position`` (a one-element
+        int64 tensor on x's device, read there: no host sync); the same arithmetic as :meth:`forward`."""
+        angle = position.to(torch.float32) * self.theta.float()[:, 0, :]   # [H, D]
+        return self._encode(x, angle)
+
+    @staticmethod
+    def _encode(x: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         return torch.cat((xf * torch.cos(angle), xf * torch.sin(angle)), dim=-1).to(x.dtype)
 
@@ -161,3 +172,17 @@ class NormLinearAttention(nn.Module):
                    layer_idx=self.layer_idx)
         o = self.norm(o.reshape(B, n, H * D))
         return self.out_proj(u * o)
+
+    def decode_token(self, x: torch.Tensor, state: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One token through a state held by the caller, as :meth:`MultiScaleRetention.decode_token`:
+        ``x`` ``(batch, hidden_size)`` → ``(batch, hidden_size)``, ``state`` float32 ``(batch, heads, r, d)``
+        updated in place, ``position`` a one-element int64 tensor on x's device (used by LRPE).  No host sync:
+        a CUDA graph can capture it.  The same arithmetic as a one-token :meth:`forward` through a cache."""
+        B = x.shape[0]
+        H, D = self.num_heads, self.head_dim
+        q, k, v, u = self.qkvu_proj(x).chunk(4, dim=-1)
+        b, c = self.act(q.view(B, H, D)), self.act(k.view(B, H, D))
+        if self.use_lrpe:
+            b, c = self.lrpe.at(b, position), self.lrpe.at(c, position)
+        o, _ = api.decode_step(b, c, v.view(B, H, D), state, self.gamma(x.device))
+        return self.out_proj(u * self.norm(o.reshape(B, H * D)))

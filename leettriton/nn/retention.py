@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .. import api
 from .cache import LinearAttentionCache
 from .functional import RotaryTable, activation, attend, check_method, decay_tensor, rms_norm
 
@@ -154,11 +155,40 @@ class MultiScaleRetention(nn.Module):
             v = v.repeat_interleave(self.num_kv_groups, dim=2)
         o = attend(b, c, v, self.gamma(x.device), method=self.method, precision=self.precision, cache=cache,
                    layer_idx=self.layer_idx)
+        return self._output(o, x)
+
+    def decode_token(self, x: torch.Tensor, state: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One token through a state held by the caller: ``x`` ``(batch, hidden_size)`` → ``(batch, hidden_size)``.
+
+        ``state``: this layer's float32 ``(batch, heads, r, d)``, updated in place (:func:`leettriton.decode_step`);
+        ``position``: a one-element int64 tensor on x's device holding the token's position (the tokens seen
+        before it).  Nothing is read back to the host and nothing allocated depends on values, so a CUDA graph
+        can capture the call (:class:`leettriton.models.StaticDecoder` does); the rotary table must already
+        cover the position (``self.rotary.table(length, device)``).  The same arithmetic as a one-token
+        :meth:`forward` through a cache, without the cache's bookkeeping.  No gradient (inference only).
+        """
+        B = x.shape[0]
+        H, r, d = self.num_heads, self.head_k_dim, self.head_v_dim
+        q = self.q_proj(x).view(B, H, r)
+        k = self.k_proj(x).view(B, self.num_kv_heads, r)
+        v = self.v_proj(x).view(B, self.num_kv_heads, d)
+        if self.feature_map_fn is not None:
+            q, k = self.feature_map_fn(q), self.feature_map_fn(k)
+        b = self.rotary.apply_at(q, position, scale=r ** -0.5)
+        c = self.rotary.apply_at(k, position)
+        if self.num_kv_groups > 1:
+            c = c.repeat_interleave(self.num_kv_groups, dim=1)
+            v = v.repeat_interleave(self.num_kv_groups, dim=1)
+        o, _ = api.decode_step(b, c, v, state, self.gamma(x.device))
+        return self._output(o, x)
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The per-head norm of the attention output ``o`` ``(..., heads, d)``, the gate of ``x``, ``o_proj``."""
         if self.fuse_norm_and_gate:
             o = self.g_norm_swish_gate(o)
         else:
             o = self.g_norm(o)
         if self.use_output_gate:
-            g = self.g_proj(x).view(B, n, H, d)
+            g = self.g_proj(x).view(o.shape)
             o = o * self.gate_fn(g.float())
-        return self.o_proj(o.to(x.dtype).reshape(B, n, H * d))
+        return self.o_proj(o.to(x.dtype).flatten(-2))

@@ -131,6 +131,21 @@ class RotaryTable:
         x1, x2 = xf[..., :self.dim // 2], xf[..., self.dim // 2:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
+    def apply_at(self, x: torch.Tensor, positions: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Rotate packed rows ``x`` ``(tokens, heads, dim)``, row i at position ``positions[i]`` (``(tokens,)``,
+        any integer dtype), times ``scale``: the serving paths, where each token has its own position.
+
+        The angles are computed from the positions on the device (no table look-up, so no host read of the
+        largest position); they are the table's float32 values, position × inverse frequency.
+        """
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq(x.device)[None]   # [tokens, dim/2]
+        cos, sin = torch.cos(freqs)[:, None, :], torch.sin(freqs)[:, None, :]
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        xf = x.float()
+        x1, x2 = xf[..., :self.dim // 2], xf[..., self.dim // 2:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
 
 def head_scale(r: int) -> float:
     return 1.0 / math.sqrt(r)

@@ -441,9 +441,7 @@ def _model(kind: str, gpu: bool, dtype: torch.dtype, device: torch.device, metho
                                     linear_use_lrpe_list=[1, 0], attention_method=method))
         cls = TransNormerForCausalLM
     torch.manual_seed(0)
-    with torch.device(device):
-        model = cls(config)
-    return model.to(dtype).eval(), config
+    return cls(config).to(device=device, dtype=dtype).eval(), config
 
 
 def _percentile(values: list, q: float) -> Optional[float]:

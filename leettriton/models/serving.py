@@ -160,6 +160,7 @@ class _Request:
     top_k: int
     seed: int
     arrival: float
+    prompt_ids: Optional[torch.Tensor] = None   # the prompt as a host int64 tensor, made once at submission
     slot: int = -1
     tokens: list = dataclasses.field(default_factory=list)
     first_token_time: float = 0.0
@@ -330,7 +331,8 @@ class ContinuousBatchingGenerator:
         self._ids.add(request_id)
         self._next_id += 1
         self.waiting.append(_Request(request_id, prompt, max_new_tokens, stop_token, float(temperature), top_k, seed,
-                                     self.clock() if arrival is None else arrival))
+                                     self.clock() if arrival is None else arrival,
+                                     torch.tensor(prompt, dtype=torch.int64)))
         return request_id
 
     def step(self) -> list:
@@ -406,7 +408,7 @@ class ContinuousBatchingGenerator:
         torch.cumsum(lengths, 0, out=cu[1:])
         total = int(cu[-1])
         positions = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(cu[:-1], lengths)
-        ids = torch.tensor([t for r in admitted for t in r.prompt], dtype=torch.int64)
+        ids = torch.cat([r.prompt_ids for r in admitted])
         slots = torch.tensor([r.slot for r in admitted], dtype=torch.int64)
         ids, positions, cu, slots = (x.to(self.device, non_blocking=True) for x in (ids, positions, cu, slots))
         fresh = torch.zeros(len(admitted), dtype=torch.bool, device=self.device)

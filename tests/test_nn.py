@@ -220,8 +220,6 @@ def test_decode_token_with_a_state_buffer_equals_the_cache_path_and_one_prefill(
     with torch.no_grad():
         layer(x[:, :9], cache=cache)
         state = cache.get_state(0).clone()
-        if hasattr(layer, "rotary"):
-            layer.rotary.table(16, x.device)
         position = torch.tensor([9])
         for t in range(9, 12):
             y = layer.decode_token(x[:, t], state, position)
@@ -230,9 +228,6 @@ def test_decode_token_with_a_state_buffer_equals_the_cache_path_and_one_prefill(
             assert_close(y, y_cache[:, 0], tolerance(torch.float32), f"{case}: token {t}, decode_token vs cache")
             assert_close(state, cache.get_state(0), tolerance(torch.float32), f"{case}: state after token {t}")
             assert_close(y, ref(layer, x[:, :t + 1])[:, -1], tolerance(torch.float32), f"{case}: token {t} vs float64")
-    if hasattr(layer, "rotary"):
-        with pytest.raises(RuntimeError, match="no rotary table"):
-            layer.rotary.apply_at(x[:, 0].view(2, 2, 16).to("meta"), position.to("meta"))
 
 
 def test_left_padding_adds_nothing():

@@ -8,4 +8,13 @@ from .retnet import RetNetConfig, RetNetForCausalLM, RetNetModel
 from .transnormer import TransNormerConfig, TransNormerForCausalLM, TransNormerModel
 
 __all__ = ["RetNetConfig", "RetNetModel", "RetNetForCausalLM", "TransNormerConfig", "TransNormerModel",
-           "TransNormerForCausalLM", "StaticDecoder"]
+           "TransNormerForCausalLM", "StaticDecoder", "ContinuousBatchingGenerator", "Completion", "sample_tokens"]
+
+
+def __getattr__(name):
+    """The generator (:mod:`leettriton.models.serving`) is imported on first use, so that
+    ``python -m leettriton.models.serving`` does not find it imported already."""
+    if name in ("ContinuousBatchingGenerator", "Completion", "sample_tokens"):
+        from . import serving
+        return getattr(serving, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -191,6 +191,116 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             decoder = decoders[key] = StaticDecoder(self, input_ids.shape[0], length, cuda_graph=cuda_graph)
         return decoder.generate(input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id)
 
+    # ------------------------------------------------------------------ serving (docs/design.md §13.5)
+
+    def make_state_pools(self, slots: int, device=None) -> list[torch.Tensor]:
+        """One zeroed float32 state pool ``(slots, heads, r, d)`` per attention layer, on ``device`` (default: the
+        model's), for :meth:`prefill_packed` and :meth:`decode_slotted`.
+
+        Example::
+
+            >>> pools = model.make_state_pools(64)
+        """
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise ValueError(f"slots must be a positive int, got {slots!r}")
+        device = self.device if device is None else torch.device(device)
+        return [torch.zeros((slots,) + shape, dtype=torch.float32, device=device)
+                for shape in self.cache_owner()[1]]
+
+    def _check_serving_inputs(self, input_ids, positions, state_pools) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.is_floating_point():
+            raise ValueError(f"input_ids must be a 1-D integer tensor (the packed tokens), got "
+                             f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+        if positions is not None and (not isinstance(positions, torch.Tensor)
+                                      or tuple(positions.shape) != tuple(input_ids.shape)):
+            raise ValueError(f"positions must be a tensor of the shape of input_ids {tuple(input_ids.shape)}, got "
+                             f"{getattr(positions, 'shape', type(positions).__name__)}")
+        layers = len(self.attention_layers())
+        if not isinstance(state_pools, (list, tuple)) or len(state_pools) != layers:
+            size = len(state_pools) if hasattr(state_pools, "__len__") else "?"
+            raise ValueError(f"state_pools must be a list of {layers} pools, one per layer (model.make_state_pools), "
+                             f"got {type(state_pools).__name__} of length {size}")
+
+    def _run_serving(self, input_ids, attend) -> torch.Tensor:
+        """Embed packed ``input_ids``, run every block with its attention given by ``attend(layer_index, attn, x)``,
+        then the final norm: the hidden states ``(tokens, hidden)``."""
+        embed, blocks, final_norm = self.model.decoder_parts()
+        hidden = embed(input_ids)
+        for i, block in enumerate(blocks):
+            hidden = block.forward_with(hidden, lambda attn, x, i=i: attend(i, attn, x))
+        return final_norm(hidden)
+
+    @torch.no_grad()
+    def prefill_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, positions: torch.Tensor,
+                       state_pools: list, slot_ids: torch.Tensor, has_initial_state: Optional[torch.Tensor] = None, *,
+                       method: Optional[str] = None, all_tokens: bool = False,
+                       check_indices: bool = True) -> torch.Tensor:
+        """The prompts of N requests in one pass: each layer runs one packed
+        :func:`leettriton.linear_attention_varlen` call and keeps each sequence's final state in its pool slot.
+
+        Args:
+            input_ids: integer ``(T,)``: the prompts one after the other.
+            cu_seqlens: int32/int64 ``(N + 1,)`` on the model's device: sequence i is tokens
+                [cu_seqlens[i], cu_seqlens[i + 1]); every sequence must be non-empty (a zero-length one has no
+                last token: its row of the result is another token's).
+            positions: integer ``(T,)``: each token's position in its own sequence (0 … for a new prompt; the
+                tokens already in the slot's state onwards for a continued one).
+            state_pools: one float32 pool ``(slots, heads, r, d)`` per layer (:meth:`make_state_pools`), updated
+                in place.
+            slot_ids: int32/int64 ``(N,)``: each sequence's slot.
+            has_initial_state: bool ``(N,)``: continue sequence i from its slot's state (else start from zero, as
+                a new request must); None: all start from zero.
+            method: the packed prefill's method (None: each layer's, which must have a packed path).
+            all_tokens: return the logits of every token ``(T, vocab)`` instead of each sequence's last.
+            check_indices: as in :func:`leettriton.linear_attention_varlen`.
+
+        Returns:
+            The logits of each sequence's last token, ``(N, vocab)`` (``(T, vocab)`` with ``all_tokens``).
+
+        Projections, norms and the MLP run on the packed token dimension; no loop over sequences.
+        Inference only (runs under ``torch.no_grad()``).
+
+        Example::
+
+            >>> pools = model.make_state_pools(8)
+            >>> ids = torch.tensor([5, 9, 2, 7, 7], device="cuda")            # prompts [5, 9, 2] and [7, 7]
+            >>> cu = torch.tensor([0, 3, 5], device="cuda")
+            >>> pos = torch.tensor([0, 1, 2, 0, 1], device="cuda")
+            >>> logits = model.prefill_packed(ids, cu, pos, pools, torch.tensor([4, 0], device="cuda"))   # (2, vocab)
+        """
+        self._check_serving_inputs(input_ids, positions, state_pools)
+        hidden = self._run_serving(input_ids, lambda i, attn, x: attn.prefill_packed(
+            x, cu_seqlens, positions, state_pools[i], slot_ids, has_initial_state, method=method,
+            check_indices=check_indices))
+        if not all_tokens:
+            hidden = hidden[(cu_seqlens[1:] - 1).long()]
+        return self.lm_head(hidden)
+
+    @torch.no_grad()
+    def decode_slotted(self, input_ids: torch.Tensor, positions: torch.Tensor, state_pools: list,
+                       slot_ids: torch.Tensor, *, check_slots: bool = True) -> torch.Tensor:
+        """One new token for each of B running requests, each layer one slotted :func:`leettriton.decode_step`.
+
+        Args:
+            input_ids: integer ``(B,)``: row i's newest token.
+            positions: integer ``(B,)``: that token's position in its sequence (the tokens before it).
+            state_pools: as in :meth:`prefill_packed`; row i reads and updates ``state_pools[l][slot_ids[i]]``.
+            slot_ids: int32/int64 ``(B,)``; a negative id is a padding row (its logits are to be ignored, no state
+                is touched), so a caller can keep fixed-size buffers.
+            check_slots: as in :func:`leettriton.decode_step`.
+
+        Returns:
+            logits ``(B, vocab)``.  Inference only (runs under ``torch.no_grad()``).
+
+        Example::
+
+            >>> logits = model.decode_slotted(last_tokens, lengths, pools, slots)
+        """
+        self._check_serving_inputs(input_ids, positions, state_pools)
+        hidden = self._run_serving(input_ids, lambda i, attn, x: attn.decode_slotted(
+            x, positions, state_pools[i], slot_ids, check_slots=check_slots))
+        return self.lm_head(hidden)
+
     def causal_lm_forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None,
                           past_key_values=None, use_cache=None, output_hidden_states=None, return_dict=None,
                           labels=None, logits_to_keep=0):

@@ -45,8 +45,7 @@ class StaticDecoder:
     Args:
         model: a ``RetNetForCausalLM`` or ``TransNormerForCausalLM`` (any device and dtype).
         batch_size: the rows decoded together (every prompt given to this decoder has this many).
-        max_length: the most tokens a row will hold, prompt and generated tokens together (sizes the rotary
-            tables: positions beyond it cannot be decoded).
+        max_length: the most tokens a row will hold, prompt and generated tokens together.
         cuda_graph: capture the one-token step in a CUDA graph (default: when the model is on CUDA; an error
             on another device).
 
@@ -77,10 +76,6 @@ class StaticDecoder:
                        for heads, r, d in model.cache_owner()[1]]
         self.token = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
-        # every rotary table the step reads, kept here: a table grown later by the model is a new tensor,
-        # and a captured graph must keep reading this one
-        self.tables = [layer.rotary.table(max_length, device) for layer in model.attention_layers()
-                       if getattr(layer, "rotary", None) is not None]
         self.parameters = _storage(model)
         self.logits: Optional[torch.Tensor] = None
         self.next_token: Optional[torch.Tensor] = None

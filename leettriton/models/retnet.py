@@ -118,6 +118,11 @@ class RetNetBlock(nn.Module):
         hidden = hidden + self.attn.decode_token(self.attn_norm(hidden), state, position)
         return hidden + self.mlp(self.mlp_norm(hidden))
 
+    def forward_with(self, hidden, attend):
+        """The block with its attention call given: ``attend(self.attn, normed_hidden)`` (the serving paths)."""
+        hidden = hidden + attend(self.attn, self.attn_norm(hidden))
+        return hidden + self.mlp(self.mlp_norm(hidden))
+
 
 class RetNetPreTrainedModel(LinearAttentionPreTrainedModel):
     config_class = RetNetConfig
@@ -140,6 +145,10 @@ class RetNetModel(RetNetPreTrainedModel):
 
     def set_input_embeddings(self, value):
         self.embeddings = value
+
+    def decoder_parts(self):
+        """(embed, blocks, final norm): what the serving paths run around the attention (docs/design.md §13.5)."""
+        return self.embeddings, self.layers, self.norm
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, use_cache=None,
                 output_hidden_states=None, past_key_values=None, return_dict=None):

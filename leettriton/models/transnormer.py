@@ -109,6 +109,11 @@ class TransNormerBlock(nn.Module):
         hidden = hidden + self.token_mixer.decode_token(self.token_norm(hidden), state, position)
         return hidden + self.channel_mixer(self.channel_norm(hidden))
 
+    def forward_with(self, hidden, attend):
+        """The block with its attention call given: ``attend(self.token_mixer, normed_hidden)`` (serving paths)."""
+        hidden = hidden + attend(self.token_mixer, self.token_norm(hidden))
+        return hidden + self.channel_mixer(self.channel_norm(hidden))
+
 
 class TransNormerPreTrainedModel(LinearAttentionPreTrainedModel):
     config_class = TransNormerConfig
@@ -147,6 +152,10 @@ class TransNormerModel(TransNormerPreTrainedModel):
 
     def embed(self, input_ids):
         return self.embed_scale * self.embed_tokens(input_ids)
+
+    def decoder_parts(self):
+        """(embed, blocks, final norm): what the serving paths run around the attention (docs/design.md §13.5)."""
+        return self.embed, self.layers, self.final_norm
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, use_cache=None,
                 output_hidden_states=None, past_key_values=None, return_dict=None):

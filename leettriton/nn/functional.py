@@ -129,27 +129,25 @@ class RotaryTable:
             cos, sin = cos * scale, sin * scale
         return self._rotate(x, cos, sin)
 
-    def apply_at(self, x: torch.Tensor, position: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        """Rotate one token's rows ``x`` ``(batch, heads, dim)`` for the position held by ``position``.
-
-        ``position`` is a one-element int64 tensor on x's device, read there (no host sync, so a CUDA graph
-        can replay the call for the positions the tensor holds later).  The table must already cover the
-        position (:meth:`table` with a length beyond it); a tensor cannot be checked against it without a
-        sync.  The same arithmetic as :meth:`apply` at ``offset = position``.
-        """
-        hit = self._tables.get(x.device)
-        if hit is None:
-            raise RuntimeError(f"no rotary table on {x.device}: call table(length, device) for the positions to come")
-        cos = hit[0].index_select(0, position)          # [1, dim/2]: broadcast over (batch, heads)
-        sin = hit[1].index_select(0, position)
-        if scale != 1.0:
-            cos, sin = cos * scale, sin * scale
-        return self._rotate(x, cos, sin)
-
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         x1, x2 = xf[..., :self.dim // 2], xf[..., self.dim // 2:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    def apply_at(self, x: torch.Tensor, positions: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Rotate rows ``x`` ``(tokens, heads, dim)``, row i at position ``positions[i]`` (``(tokens,)``, any
+        integer dtype), times ``scale``; a one-element ``positions`` rotates every row for that position (one
+        token of a batch).  The serving and static decode paths, where each position lives on the device.
+
+        The angles are computed from the positions on the device (no table look-up: no host read of the
+        largest position, nothing for a CUDA graph to outgrow); they are the table's float32 values,
+        position × inverse frequency, so the result is that of :meth:`apply` at the same position.
+        """
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq(x.device)[None]   # [tokens or 1, dim/2]
+        cos, sin = torch.cos(freqs)[:, None, :], torch.sin(freqs)[:, None, :]
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return self._rotate(x, cos, sin)
 
 
 def head_scale(r: int) -> float:

@@ -79,16 +79,17 @@ class Lrpe(nn.Module):
         angle = t[:, None, None] * self.theta.float()[:, 0, :][None]   # [n, H, D]
         return self._encode(x, angle)
 
-    def at(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """One token's rows ``x`` ``(B, H, D)`` → ``(B, H, 2D)`` at the position held by ``position`` (a one-element
-        int64 tensor on x's device, read there: no host sync); the same arithmetic as :meth:`forward`."""
-        angle = position.to(torch.float32) * self.theta.float()[:, 0, :]   # [H, D]
-        return self._encode(x, angle)
-
     @staticmethod
     def _encode(x: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         return torch.cat((xf * torch.cos(angle), xf * torch.sin(angle)), dim=-1).to(x.dtype)
+
+    def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rows ``x`` ``(tokens, H, D)``, row i at position ``positions[i]`` → ``(tokens, H, 2D)``; a one-element
+        ``positions`` (a tensor on x's device, read there: no host sync) encodes every row at that position.
+        The same arithmetic as :meth:`forward`."""
+        angle = positions.to(torch.float32)[:, None, None] * self.theta.float()[:, 0, :][None]   # [tokens or 1, H, D]
+        return self._encode(x, angle)
 
 
 class NormLinearAttention(nn.Module):
@@ -186,3 +187,41 @@ class NormLinearAttention(nn.Module):
             b, c = self.lrpe.at(b, position), self.lrpe.at(c, position)
         o, _ = api.decode_step(b, c, v.view(B, H, D), state, self.gamma(x.device))
         return self.out_proj(u * self.norm(o.reshape(B, H * D)))
+
+    # ------------------------------------------------------------------ serving (docs/design.md §13.5)
+
+    def prefill_packed(self, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                       positions: Optional[torch.Tensor], state_pool: torch.Tensor, slot_ids: torch.Tensor,
+                       has_initial_state: Optional[torch.Tensor] = None, *, method: Optional[str] = None,
+                       check_indices: bool = True) -> torch.Tensor:
+        """As :meth:`MultiScaleRetention.prefill_packed`; ``positions`` is needed only with LRPE (else None)."""
+        b, c, v, u = self._serving_project(hidden_states, positions)
+        o = api.linear_attention_varlen(b, c, v, cu_seqlens, self.gamma(hidden_states.device),
+                                        method=self.method if method is None else method, state_pool=state_pool,
+                                        slot_ids=slot_ids, has_initial_state=has_initial_state,
+                                        precision=self.precision, check_indices=check_indices)
+        return self.out_proj(u * self.norm(o.reshape(o.shape[0], self.hidden_dim)))
+
+    def decode_slotted(self, hidden_states: torch.Tensor, positions: Optional[torch.Tensor], state_pool: torch.Tensor,
+                       slot_ids: torch.Tensor, *, check_slots: bool = True) -> torch.Tensor:
+        """As :meth:`MultiScaleRetention.decode_slotted`; ``positions`` is needed only with LRPE (else None)."""
+        b, c, v, u = self._serving_project(hidden_states, positions)
+        o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device), slot_ids=slot_ids,
+                               check_slots=check_slots)
+        return self.out_proj(u * self.norm(o.reshape(o.shape[0], self.hidden_dim)))
+
+    def _serving_project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
+        """b, c, v ``(tokens, H, ·)`` and the gate u ``(tokens, hidden_dim)`` of packed rows ``x``."""
+        if x.dim() != 2 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states must be (tokens, hidden_size={self.hidden_size}), got shape "
+                             f"{tuple(x.shape)}")
+        T = x.shape[0]
+        H, D = self.num_heads, self.head_dim
+        q, k, v, u = self.qkvu_proj(x).chunk(4, dim=-1)
+        b, c = self.act(q.view(T, H, D)), self.act(k.view(T, H, D))
+        if self.use_lrpe:
+            if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (T,):
+                raise ValueError(f"positions must be a tensor of shape ({T},) (each token's position in its "
+                                 f"sequence, for LRPE), got {getattr(positions, 'shape', type(positions).__name__)}")
+            b, c = self.lrpe.at(b, positions), self.lrpe.at(c, positions)
+        return b, c, v.view(T, H, D), u

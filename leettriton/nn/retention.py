@@ -163,8 +163,8 @@ class MultiScaleRetention(nn.Module):
         ``state``: this layer's float32 ``(batch, heads, r, d)``, updated in place (:func:`leettriton.decode_step`);
         ``position``: a one-element int64 tensor on x's device holding the token's position (the tokens seen
         before it).  Nothing is read back to the host and nothing allocated depends on values, so a CUDA graph
-        can capture the call (:class:`leettriton.models.StaticDecoder` does); the rotary table must already
-        cover the position (``self.rotary.table(length, device)``).  The same arithmetic as a one-token
+        can capture the call (:class:`leettriton.models.StaticDecoder` does); the rotary angles are computed
+        from ``position`` on the device.  The same arithmetic as a one-token
         :meth:`forward` through a cache, without the cache's bookkeeping.  No gradient (inference only).
         """
         B = x.shape[0]
@@ -192,3 +192,84 @@ class MultiScaleRetention(nn.Module):
             g = self.g_proj(x).view(o.shape)
             o = o * self.gate_fn(g.float())
         return self.o_proj(o.to(x.dtype).flatten(-2))
+
+        return self.o_proj(o.to(x.dtype).reshape(B, n, H * d))
+
+    # ------------------------------------------------------------------ serving (docs/design.md §13.5)
+
+    def prefill_packed(self, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, positions: torch.Tensor,
+                       state_pool: torch.Tensor, slot_ids: torch.Tensor,
+                       has_initial_state: Optional[torch.Tensor] = None, *, method: Optional[str] = None,
+                       check_indices: bool = True) -> torch.Tensor:
+        """The layer over the packed tokens of N sequences, each sequence's state kept in its pool slot.
+
+        Args:
+            hidden_states: ``(T, hidden_size)``: the tokens of every sequence, one sequence after the other.
+            cu_seqlens: int32/int64 ``(N + 1,)``: sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]).
+            positions: integer ``(T,)``: each token's position in its own sequence (its rotary angle).
+            state_pool: float32 ``(slots, num_heads, r, d)``; sequence i starts from
+                ``state_pool[slot_ids[i]]`` when ``has_initial_state[i]`` (else from zero) and leaves its final
+                state there, in place.
+            slot_ids: int32/int64 ``(N,)``; has_initial_state: bool ``(N,)`` or None (all start from zero).
+            method: a method with a packed path (``"auto"``, ``"lightning_attention"``, ``"block_based"``, a
+                ``"<method>_torch"`` twin); None: the layer's method.
+            check_indices: as in :func:`leettriton.linear_attention_varlen`.
+
+        Returns ``(T, hidden_size)``.  One :func:`leettriton.linear_attention_varlen` call; the projections,
+        rotary, norm and gate run on the packed token dimension.  Forward only (call under ``torch.no_grad()``).
+
+        Example::
+
+            >>> y = layer.prefill_packed(x_packed, cu, positions, pool, slots)   # x_packed: (T, hidden)
+        """
+        b, c, v = self._serving_project(hidden_states, positions)
+        o = api.linear_attention_varlen(b, c, v, cu_seqlens, self.gamma(hidden_states.device),
+                                        method=self.method if method is None else method, state_pool=state_pool,
+                                        slot_ids=slot_ids, has_initial_state=has_initial_state,
+                                        precision=self.precision, check_indices=check_indices)
+        return self._serving_output(hidden_states, o)
+
+    def decode_slotted(self, hidden_states: torch.Tensor, positions: torch.Tensor, state_pool: torch.Tensor,
+                       slot_ids: torch.Tensor, *, check_slots: bool = True) -> torch.Tensor:
+        """One new token for each of B requests: row i continues the state in ``state_pool[slot_ids[i]]``.
+
+        ``hidden_states`` ``(B, hidden_size)``, ``positions`` integer ``(B,)`` (row i's position in its
+        sequence), ``slot_ids`` int32/int64 ``(B,)`` (negative: a padding row, whose attention output is zero
+        and whose slot is untouched); ``check_slots`` as in :func:`leettriton.decode_step`.  One
+        :func:`leettriton.decode_step` call, the states updated in place.  Returns ``(B, hidden_size)``.
+        """
+        b, c, v = self._serving_project(hidden_states, positions)
+        o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device), slot_ids=slot_ids,
+                               check_slots=check_slots)
+        return self._serving_output(hidden_states, o)
+
+    def _serving_project(self, x: torch.Tensor, positions: torch.Tensor):
+        """b, c ``(tokens, H, r)`` and v ``(tokens, H, d)`` of packed rows ``x`` ``(tokens, hidden_size)``."""
+        if x.dim() != 2 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states must be (tokens, hidden_size={self.hidden_size}), got shape "
+                             f"{tuple(x.shape)}")
+        if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (x.shape[0],):
+            raise ValueError(f"positions must be a tensor of shape ({x.shape[0]},) (each token's position in its "
+                             f"sequence), got {getattr(positions, 'shape', type(positions).__name__)}")
+        T = x.shape[0]
+        H, r, d = self.num_heads, self.head_k_dim, self.head_v_dim
+        q = self.q_proj(x).view(T, H, r)
+        k = self.k_proj(x).view(T, self.num_kv_heads, r)
+        v = self.v_proj(x).view(T, self.num_kv_heads, d)
+        if self.feature_map_fn is not None:
+            q, k = self.feature_map_fn(q), self.feature_map_fn(k)
+        b = self.rotary.apply_at(q, positions, scale=r ** -0.5)
+        c = self.rotary.apply_at(k, positions)
+        if self.num_kv_groups > 1:
+            c = c.repeat_interleave(self.num_kv_groups, dim=1)
+            v = v.repeat_interleave(self.num_kv_groups, dim=1)
+        return b, c, v
+
+    def _serving_output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Norm, gate and output projection of the attention output ``o`` ``(tokens, H, d)``."""
+        T = x.shape[0]
+        H, d = self.num_heads, self.head_v_dim
+        o = self.g_norm_swish_gate(o) if self.fuse_norm_and_gate else self.g_norm(o)
+        if self.use_output_gate:
+            o = o * self.gate_fn(self.g_proj(x).view(T, H, d).float())
+        return self.o_proj(o.to(x.dtype).reshape(T, H * d))

@@ -93,23 +93,23 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
     if need_c or need_v or need_state:
         # reversed copies (docs/design.md §10.3), each freed as soon as its last call has read it: peak memory
         if need_c:
-            v_rev, b_rev, do_rev = reverse_rows([v, b, grad_out], layout)
+            v_rev, b_rev, do_rev = reverse_rows([v, b, grad_out], layout, check=False)
             rev = op(v_rev, do_rev, b_rev, gamma)
             del v_rev
             if not (need_v or need_state):
                 del b_rev, do_rev
-            (dc,) = reverse_rows([rev], layout)
+            (dc,) = reverse_rows([rev], layout, check=False)
             del rev
         else:
-            b_rev, do_rev = reverse_rows([b, grad_out], layout)
+            b_rev, do_rev = reverse_rows([b, grad_out], layout, check=False)
         if need_v or need_state:
-            (c_rev,) = reverse_rows([c], layout)
+            (c_rev,) = reverse_rows([c], layout, check=False)
             res = op(c_rev, b_rev, do_rev, gamma, return_state=need_state)
             del c_rev, b_rev, do_rev
             rev, state_rev = res if need_state else (res, None)
             del res
             if need_v:
-                (dv,) = reverse_rows([rev], layout)
+                (dv,) = reverse_rows([rev], layout, check=False)
             del rev
     return db, dc, dv, state_rev
 

@@ -103,8 +103,8 @@ def _check(tensors, layout: str) -> tuple[list[torch.Tensor], tuple[int, int, in
     return views, lead
 
 
-def reverse_rows(tensors: Sequence[torch.Tensor], layout: str = "bhnd",
-                 config: Optional[Mapping] = None) -> list[torch.Tensor]:
+def reverse_rows(tensors: Sequence[torch.Tensor], layout: str = "bhnd", config: Optional[Mapping] = None, *,
+                 check: bool = True) -> list[torch.Tensor]:
     """Copies of ``tensors`` with the sequence reversed: ``[x.flip(n axis) for x in tensors]``, in one launch.
 
     Args:
@@ -113,6 +113,9 @@ def reverse_rows(tensors: Sequence[torch.Tensor], layout: str = "bhnd",
             float16, bfloat16, float32 or float64, each its own.
         layout: where the sequence axis n is (dim 2 for ``"bhnd"``, dim 1 for ``"bnhd"``).
         config: maps ``"reverse.rows"`` to a config of the kernel (tests); None: autotuned.
+        check: validate ``tensors`` and ``layout`` first (``TypeError``/``ValueError`` before any work).
+            ``False`` is for a caller that vouches for them, as the backward does for the forward's
+            validated inputs, their gradient and its own calls' outputs (host time on short sequences).
 
     Returns:
         A list of new tensors, each contiguous in ``layout``, of its input's shape and dtype, row i of
@@ -123,7 +126,11 @@ def reverse_rows(tensors: Sequence[torch.Tensor], layout: str = "bhnd",
 
         >>> b_rev, do_rev = reverse_rows([b, do])           # (B, H, n, r), (B, H, n, d)
     """
-    views, (B, H, n) = _check(tensors, layout)
+    if check:
+        views, (B, H, n) = _check(tensors, layout)
+    else:
+        views = [x if layout == "bhnd" else x.transpose(1, 2) for x in tensors]
+        B, H, n = views[0].shape[:3]
     device = tensors[0].device
     if device.type == "cpu" and not is_interpreting():
         axis = 2 if layout == "bhnd" else 1

@@ -11,7 +11,9 @@ element and head:
 db is the operator itself with (b, c, v, S₀) = (do, v, c, S₀ᵀ).  dc and dv are the operator run
 backwards in time: with rows reversed (flip along n), i ≥ j becomes i' ≤ j', so
 dc = flip(LA(flip(v), flip(do), flip(b))) and dv = flip(LA(flip(c), flip(b), flip(do))); the reversed
-dv call's final state is Σ_i γ^i b_iᵀ do_i, which gives dS₀.  The terms in dS are one product each.
+dv call's final state is Σ_i γ^i b_iᵀ do_i, which gives dS₀.  The flips are copies made by one kernel
+(kernels/reverse.py): v, b and do reversed by one launch, then c, then each output back.  The terms in
+dS are one product each.
 Every decay factor is exp2(λ · distance) with distance ≥ 0: nothing is divided by a decay.
 
 So every method -- and ``auto``, which chooses again for each of the three calls -- has a backward
@@ -23,6 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .kernels.reverse import reverse_rows
 from .problem import resolve_gamma, to_bhnd
 
 __all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "add_state_term", "initial_state_grad",
@@ -84,20 +87,29 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
     db = dc = dv = state_rev = None
     if grad_out is None:
         return db, dc, dv, state_rev
-    axis = 2 if layout == "bhnd" else 1               # the sequence axis in the caller's layout
-    do = grad_out.contiguous()                         # a gradient may come expanded (stride 0)
     if need_b:
-        db = op(do, v, c, gamma, initial_state=None if s0 is None else s0.transpose(-1, -2))
+        # a gradient may come expanded (stride 0): the call gets a copy, freed when it returns
+        db = op(grad_out.contiguous(), v, c, gamma, initial_state=None if s0 is None else s0.transpose(-1, -2))
     if need_c or need_v or need_state:
-        b_rev, do_rev = b.flip(axis), do.flip(axis)    # copies (docs/design.md §10.3)
+        # reversed copies (docs/design.md §10.3), each freed as soon as its last call has read it: peak memory
         if need_c:
-            dc = op(v.flip(axis), do_rev, b_rev, gamma).flip(axis)
+            v_rev, b_rev, do_rev = reverse_rows([v, b, grad_out], layout, check=False)
+            rev = op(v_rev, do_rev, b_rev, gamma)
+            del v_rev
+            if not (need_v or need_state):
+                del b_rev, do_rev
+            (dc,) = reverse_rows([rev], layout, check=False)
+            del rev
+        else:
+            b_rev, do_rev = reverse_rows([b, grad_out], layout, check=False)
         if need_v or need_state:
-            res = op(c.flip(axis), b_rev, do_rev, gamma, return_state=need_state)
-            del b_rev, do_rev                          # each copy freed as soon as it is used: peak memory
+            (c_rev,) = reverse_rows([c], layout, check=False)
+            res = op(c_rev, b_rev, do_rev, gamma, return_state=need_state)
+            del c_rev, b_rev, do_rev
             rev, state_rev = res if need_state else (res, None)
             del res
-            dv = rev.flip(axis) if need_v else None
+            if need_v:
+                (dv,) = reverse_rows([rev], layout, check=False)
             del rev
     return db, dc, dv, state_rev
 

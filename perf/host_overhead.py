@@ -2,6 +2,7 @@
 
     python perf/host_overhead.py                 # CUDA when present, else the CPU measurement
     python perf/host_overhead.py --device cpu    # no GPU needed
+    python perf/host_overhead.py --device cpu --backward   # the backward's host time per training step
 
 When a kernel's GPU time is short (batch 1, a few thousand tokens), the time of a call
 is that of the host: validating the inputs, choosing the method and config, building
@@ -14,6 +15,10 @@ the launch arguments, and Triton's launcher for each kernel.  This measures it.
   the grid and returns, on the family given by ``--family`` with its heuristic file,
   so the figure is leettriton's Python alone (validation, dispatch, configs, arguments),
   without Triton's launcher.  Runs anywhere; sets ``TRITON_INTERPRET=1`` itself.
+* ``--backward``: per method, the host time of the forward with inputs that require grad
+  (the autograd node) and of its backward, ``torch.autograd.grad(o, (b, c, v), do)``:
+  three calls of the operator and the reversed copies of docs/design.md §10.3.  With
+  ``--device cpu`` the reversals are stubbed launches too.
 """
 from __future__ import annotations
 
@@ -71,6 +76,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--heads", type=int, default=None, help="heads (default: cuda 1, cpu 32)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--backward", action="store_true", help="time the backward of a training step instead "
+                    "(forward with the autograd node, then the gradients of b, c, v)")
     ap.add_argument("--profile", action="store_true", help="also run each method's calls under cProfile and "
                     "print the functions with the most own time")
     opts = ap.parse_args(argv)
@@ -93,6 +100,8 @@ def main(argv=None) -> list[dict]:
     gamma = torch.full((heads,), 0.99, device=device)
     print(f"host time per linear_attention call: device {device}, batch 1, heads {heads}, n {n}, r = d = 128, "
           f"float16, with decay" + (f" (launches stubbed, family {opts.family})" if device == "cpu" else ""))
+    if opts.backward:
+        return _backward_rows(opts, b, c, v, gamma, device)
     rows = []
     with torch.no_grad():
         for method in opts.methods:
@@ -119,6 +128,53 @@ def main(argv=None) -> list[dict]:
             print(f"  {method:<20} {us:7.1f} µs", flush=True)
             if opts.profile:
                 _profile(call, opts.calls, device)
+    return rows
+
+
+def _backward_rows(opts, b, c, v, gamma, device: str) -> list[dict]:
+    """Host time of a training step's forward (the autograd node) and of its backward, per method."""
+    import torch
+
+    import leettriton
+
+    b, c, v = (x.clone().requires_grad_() for x in (b, c, v))
+    do = torch.randn_like(v).detach()
+    if device == "cpu":
+        # on CUDA a γ tensor's values are checked once per version of it; on CPU, on every call: count it
+        # as checked here, so that the CPU figure is that of the CUDA path
+        from leettriton import problem
+
+        checked, real_seen = problem._CHECKED, problem._CHECKED.seen
+        checked.seen = lambda g, context=None: g is gamma or real_seen(g, context)
+    rows = []
+    print("  method               forward  backward (µs per training step)")
+    for method in opts.methods:
+        if method == "decode_step":
+            continue
+
+        def forward():
+            return leettriton.linear_attention(b, c, v, gamma, method=method)
+
+        def step():
+            return torch.autograd.grad(forward(), (b, c, v), do)
+
+        times = []
+        for call in (forward, step):
+            for _ in range(5):
+                call()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(opts.calls):
+                call()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) / opts.calls * 1e6)
+        fwd_us, bwd_us = times[0], times[1] - times[0]
+        rows.append(dict(method=method, forward_us=fwd_us, backward_us=bwd_us))
+        print(f"  {method:<20} {fwd_us:7.1f} {bwd_us:9.1f}", flush=True)
+        if opts.profile:
+            _profile(step, opts.calls, device)
     return rows
 
 

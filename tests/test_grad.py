@@ -18,6 +18,9 @@ import leettriton
 from conftest import DEVICE, HAS_GPU
 from helpers import Case, assert_close, tolerance
 from leettriton.autograd import LinearAttentionFunction
+from leettriton.autotune import current_family, recording
+from leettriton.kernels import reverse_space
+from leettriton.kernels.reverse import reverse_rows
 from leettriton.methods import BUILTIN_METHODS
 from leettriton.problem import Problem, resolve_gamma, to_bhnd
 
@@ -202,6 +205,95 @@ def test_user_method_backward_calls_the_method():
                          ((1, 2, 11, 3), False, True)]
     finally:
         leettriton.unregister_method("mine_for_grad_test")
+
+
+# --------------------------------------------------------------------------- the row reversal (§10.3)
+
+def reversal_inputs(layout: str, dtype: torch.dtype, n: int, seed: int):
+    """Three tensors of one (batch 2, heads 3, n) in ``layout``, none of them contiguous: a strided column
+    slice (odd dim 3), a view of the other layout's storage (dim 130: two column tiles), and an expanded
+    one (stride 0 along heads, dim 17), as the backward meets them (a gradient may come expanded)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def to_layout(x):  # logical (B, H, n, dim) -> layout
+        return x if layout == "bhnd" else x.transpose(1, 2)
+
+    sliced = to_layout(torch.randn(2, 3, n, 7, generator=g).to(dtype)[..., 1::2])
+    storage = (2, n, 3, 130) if layout == "bhnd" else (2, 3, n, 130)           # the other layout's
+    other = torch.randn(*storage, generator=g).to(dtype).transpose(1, 2)
+    expanded = to_layout(torch.randn(2, 1, n, 17, generator=g).to(dtype).expand(2, 3, n, 17))
+    tensors = [sliced, other, expanded]
+    assert not any(x.is_contiguous() for x in tensors)
+    return tensors
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_reverse_rows_equals_flip(dtype, layout):
+    """One launch reverses 1, 2 or 3 tensors of different dims and strides, bit for bit as torch.flip,
+    into new tensors contiguous in the layout (n = 37: blocks of rows with a partial last one); every
+    config of the family (on the GPU: each the autotuner may pick)."""
+    axis = 2 if layout == "bhnd" else 1
+    tensors = reversal_inputs(layout, dtype, 37, seed=5)
+    before = [x.clone() for x in tensors]
+    family = current_family()
+    configs = reverse_space.ROWS.family_configs(family)
+    assert configs
+    for cfg in configs:
+        for group in (tensors, tensors[1:], tensors[2:]):
+            got = reverse_rows(group, layout, config={reverse_space.ROWS.name: cfg})
+            assert len(got) == len(group)
+            for i, (x, y) in enumerate(zip(group, got)):
+                what = f"tensor {i} of {len(group)}, {tuple(x.shape)} strides {x.stride()}, config {cfg}"
+                assert y.dtype == x.dtype and y.shape == x.shape and y.is_contiguous(), what
+                if not torch.equal(y, x.flip(axis)):
+                    bad = (y != x.flip(axis)).nonzero()[0].tolist()
+                    raise AssertionError(f"{what}: differs from torch.flip, first at {bad}")
+    for x, x0 in zip(tensors, before):
+        assert torch.equal(x, x0), "an input was written"
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 16])
+def test_reverse_rows_short_sequences(n):
+    """No rows, one row (its own reverse), two, and exactly one block of rows."""
+    x, y = (torch.randn(1, 2, n, k).to(DEVICE, torch.float16) for k in (5, 16))
+    got = reverse_rows([x, y])
+    assert torch.equal(got[0], x.flip(2)) and torch.equal(got[1], y.flip(2))
+
+
+def test_reverse_rows_refuses_bad_input():
+    x = torch.zeros(1, 2, 5, 4, device=DEVICE)
+    with pytest.raises(ValueError, match=r"tensors must hold 1 to 3 tensors, got 4"):
+        reverse_rows([x, x, x, x])
+    with pytest.raises(TypeError, match=r"tensors must be a list or tuple"):
+        reverse_rows(x)
+    with pytest.raises(ValueError, match=r"must share batch, heads, n and device"):
+        reverse_rows([x, torch.zeros(1, 2, 6, 4, device=DEVICE)])
+    with pytest.raises(ValueError, match=r"tensors\[0\] must be 4-D"):
+        reverse_rows([x[0]])
+    with pytest.raises(TypeError, match=r"tensors\[0\] must be float16, bfloat16, float32 or float64"):
+        reverse_rows([x.int()])
+    with pytest.raises(ValueError, match=r"layout must be 'bhnd' or 'bnhd'"):
+        reverse_rows([x], "bhdn")
+
+
+@pytest.mark.parametrize("needs", ["bcv", "c", "v", "bs"])
+def test_backward_reverses_with_one_launch_per_group(needs):
+    """The backward's reversed copies are made by the reversal kernel (no torch.flip): v, b and do by one
+    launch, c by one, each output back by one; without dc, b and do by one."""
+    case = Case(1, 2, 19, 5, 6, dtype=torch.float16, gamma=0.9, initial="s" in needs, seed=3)
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    leaves = dict(b=b, c=c, v=v, s=s0)
+    for k, x in leaves.items():
+        if x is not None:
+            x.requires_grad_(k in needs)
+    out = leettriton.linear_attention(b, c, v, gamma, method="lightning_attention", initial_state=s0,
+                                      return_state=True)[0]
+    with recording() as log:
+        out.backward(torch.ones_like(out))
+    counts = [args["COUNT"] for kernel, args in log if kernel.space.name == reverse_space.ROWS.name]
+    want = {"bcv": [3, 1, 1, 1], "c": [3, 1], "v": [2, 1, 1], "bs": [2, 1]}[needs]
+    assert counts == want, f"grads of {needs}: reversal launches of {counts} tensors, expected {want}"
 
 
 # --------------------------------------------------------------------------- gradcheck in float64

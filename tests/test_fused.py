@@ -255,3 +255,10 @@ def test_swiglu_gradient(launches):
 def test_swiglu_checks_its_arguments():
     with pytest.raises(ValueError, match="same shape and dtype"):
         fused.swiglu(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+def test_empty_inputs_give_empty_outputs():
+    inv_freq = RotaryTable(8).inv_freq("cpu")
+    assert fused.rms_norm_gate(torch.zeros(0, 8), torch.ones(8), 1e-6).shape == (0, 8)
+    assert fused.rotary(torch.zeros(1, 0, 2, 8), inv_freq, offset=3).shape == (1, 0, 2, 8)
+    assert fused.swiglu(torch.zeros(0, 5), torch.zeros(0, 5)).shape == (0, 5)

@@ -1,4 +1,6 @@
-"""The layers' elementwise work in one pass each: RMS norm (with an optional gate), rotary, SwiGLU (docs/design.md §12.5).
+"""The layers' elementwise work in one pass each: RMS norm (with an optional gate), rotary, SwiGLU.
+
+docs/design.md §12.5.
 
 Each op reads its inputs once, computes in float32 and writes one output in the inputs' dtype (or the
 dtype asked for), reading strided views as they come (the last dimension must be contiguous; anything
@@ -78,8 +80,9 @@ def _check_norm(x, weight, gate, gate_act):
         raise ValueError(f"rms_norm_gate: gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
 
 
-def rms_norm_gate_torch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, gate: Optional[torch.Tensor] = None,
-                        gate_act: Optional[str] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def rms_norm_gate_torch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+                        gate: Optional[torch.Tensor] = None, gate_act: Optional[str] = None,
+                        out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The PyTorch twin of :func:`rms_norm_gate`: the same arithmetic, in float32."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -169,7 +172,8 @@ def rms_norm_gate(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, g
     """
     _check_norm(x, weight, gate, gate_act)
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if x.shape[-1] > _MAX_WIDTH or out_dtype not in _KERNEL_DTYPES or not uses_kernels(x, weight, gate):
+    if x.numel() == 0 or x.shape[-1] > _MAX_WIDTH or out_dtype not in _KERNEL_DTYPES \
+            or not uses_kernels(x, weight, gate):
         return rms_norm_gate_torch(x, weight, eps, gate, gate_act, out_dtype)
     return _RmsNormGate.apply(x, weight, gate, float(eps), gate_act, out_dtype)
 
@@ -192,7 +196,7 @@ def rotary_torch(x: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tenso
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-@triton.jit(do_not_specialize=["rows", "seq_len", "offset"])
+@triton.jit(do_not_specialize=["rows", "seq_len", "offset", "x_batch_stride", "out_batch_stride"])
 def _rotary_kernel(x_ptr, out_ptr, inv_freq_ptr, positions_ptr, rows, seq_len, offset, scale,
                    x_batch_stride, x_token_stride, x_head_stride, out_batch_stride, out_token_stride,
                    out_head_stride, HALF: tl.constexpr, POSITIONS: tl.constexpr, INVERSE: tl.constexpr,
@@ -288,7 +292,7 @@ def rotary(x: torch.Tensor, inv_freq: torch.Tensor, *, offset: int = 0, position
     elif positions.dim() != 1 or positions.numel() not in (1, n) or positions.is_floating_point():
         raise ValueError(f"rotary: positions must be an integer tensor of shape ({n},) or (1,), got "
                          f"{positions.dtype} {tuple(positions.shape)}")
-    if not uses_kernels(x, inv_freq) or (positions is not None and positions.device != x.device):
+    if x.numel() == 0 or not uses_kernels(x, inv_freq) or (positions is not None and positions.device != x.device):
         if positions is None:
             positions = torch.arange(offset, offset + n, device=x.device)
         return rotary_torch(x, inv_freq, positions, scale)
@@ -347,6 +351,6 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"swiglu: gate and up must have the same shape and dtype, got {tuple(gate.shape)} "
                          f"{gate.dtype} and {tuple(up.shape)} {up.dtype}")
-    if gate.dim() == 0 or not uses_kernels(gate, up):
+    if gate.dim() == 0 or gate.numel() == 0 or not uses_kernels(gate, up):
         return swiglu_torch(gate, up)
     return _SwiGLU.apply(gate, up)

@@ -9,7 +9,8 @@ from torch import nn
 
 from .. import api
 from .cache import LinearAttentionCache
-from .functional import activation, attend, check_method, decay_tensor, rms_norm
+from .functional import activation, attend, check_method, decay_tensor
+from .fused import rms_norm_gate
 
 __all__ = ["NormLinearAttention", "transnormer_slopes", "transnormer_gammas"]
 
@@ -42,14 +43,15 @@ def transnormer_gammas(num_heads: int, layer_idx: int, num_layers: int) -> list[
 
 
 class SimpleRMSNorm(nn.Module):
-    """x / rms(x) over the last dimension, no weight (TransNormerLLM's SRMSNorm)."""
+    """x / rms(x) over the last dimension, no weight (TransNormerLLM's SRMSNorm), in x's dtype (one pass:
+    :func:`leettriton.nn.fused.rms_norm_gate`)."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, None, self.eps).to(x.dtype)
+        return rms_norm_gate(x, None, self.eps)
 
 
 def norm_layer(norm_type: str, dim: int, eps: float = 1e-6, device=None, dtype=None) -> nn.Module:
@@ -171,8 +173,7 @@ class NormLinearAttention(nn.Module):
             v = v * attention_mask[:, -n:, None, None].to(v.dtype)
         o = attend(b, c, v, self.gamma(x.device), method=self.method, precision=self.precision, cache=cache,
                    layer_idx=self.layer_idx)
-        o = self.norm(o.reshape(B, n, H * D))
-        return self.out_proj(u * o)
+        return self.out_proj(self._norm_and_gate(o.reshape(B, n, H * D), u))
 
     def decode_token(self, x: torch.Tensor, state: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """One token through a state held by the caller, as :meth:`MultiScaleRetention.decode_token`:
@@ -186,7 +187,14 @@ class NormLinearAttention(nn.Module):
         if self.use_lrpe:
             b, c = self.lrpe.at(b, position), self.lrpe.at(c, position)
         o, _ = api.decode_step(b, c, v.view(B, H, D), state, self.gamma(x.device))
-        return self.out_proj(u * self.norm(o.reshape(B, H * D)))
+        return self.out_proj(self._norm_and_gate(o.reshape(B, H * D), u))
+
+    def _norm_and_gate(self, o: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """u ⊙ Norm(o) for ``o`` ``(..., hidden_dim)``: with SRMSNorm one float32 pass reading o and u once
+        (:func:`leettriton.nn.fused.rms_norm_gate`), rounded once to u's dtype."""
+        if isinstance(self.norm, SimpleRMSNorm):
+            return rms_norm_gate(o, None, self.norm.eps, gate=u, gate_act="identity", out_dtype=u.dtype)
+        return u * self.norm(o)
 
     # ------------------------------------------------------------------ serving (docs/design.md §13.5)
 
@@ -200,7 +208,7 @@ class NormLinearAttention(nn.Module):
                                         method=self.method if method is None else method, state_pool=state_pool,
                                         slot_ids=slot_ids, has_initial_state=has_initial_state,
                                         precision=self.precision, check_indices=check_indices)
-        return self.out_proj(u * self.norm(o.reshape(o.shape[0], self.hidden_dim)))
+        return self.out_proj(self._norm_and_gate(o.reshape(o.shape[0], self.hidden_dim), u))
 
     def decode_slotted(self, hidden_states: torch.Tensor, positions: Optional[torch.Tensor], state_pool: torch.Tensor,
                        slot_ids: torch.Tensor, *, check_slots: bool = True) -> torch.Tensor:
@@ -208,7 +216,7 @@ class NormLinearAttention(nn.Module):
         b, c, v, u = self._serving_project(hidden_states, positions)
         o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device), slot_ids=slot_ids,
                                check_slots=check_slots)
-        return self.out_proj(u * self.norm(o.reshape(o.shape[0], self.hidden_dim)))
+        return self.out_proj(self._norm_and_gate(o.reshape(o.shape[0], self.hidden_dim), u))
 
     def _serving_project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
         """b, c, v ``(tokens, H, ·)`` and the gate u ``(tokens, hidden_dim)`` of packed rows ``x``."""

@@ -13,12 +13,13 @@ from leettriton.reference import tolerance
 
 from helpers import assert_close
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # the kernels run here (the interpreter on CPU)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
 
 
 def _randn(*shape, dtype=torch.float32, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=DEVICE, dtype=dtype)
 
 
 def _assert_one_rounding_apart(out, twin, what):
@@ -27,7 +28,8 @@ def _assert_one_rounding_apart(out, twin, what):
     if out.dtype == torch.float32:
         assert_close(out, twin, tolerance(torch.float32) / 10, what)
         return
-    ulp = twin.float().abs() * 2.0 ** -MANTISSA_BITS[out.dtype] + 1e-30
+    bits = MANTISSA_BITS[out.dtype]   # one unit in the last place is at most |value| · 2^-bits (subnormals: a floor)
+    ulp = twin.float().abs().clamp(min=torch.finfo(out.dtype).smallest_normal) * 2.0 ** -bits
     excess = (out.float() - twin.float()).abs() - ulp
     assert not (excess > 0).any(), f"{what}: {int((excess > 0).sum())} elements more than one rounding apart, " \
                                    f"first at {tuple(torch.nonzero(excess > 0)[0].tolist())}"
@@ -36,7 +38,7 @@ def _assert_one_rounding_apart(out, twin, what):
 @pytest.fixture
 def launches(monkeypatch):
     """Counts the kernels' launches, so a test fails if the op took its PyTorch path instead."""
-    counts = {"norm": 0, "rotary": 0, "swiglu": 0}
+    counts = {"norm": 0, "rotary": 0, "lrpe": 0, "swiglu": 0}
 
     def counting(name, fn):
         def wrapper(*args, **kwargs):
@@ -46,6 +48,7 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(fused, "_rms_norm_gate_launch", counting("norm", fused._rms_norm_gate_launch))
     monkeypatch.setattr(fused, "_rotary_launch", counting("rotary", fused._rotary_launch))
+    monkeypatch.setattr(fused._Lrpe, "forward", staticmethod(counting("lrpe", fused._Lrpe.forward)))
     monkeypatch.setattr(fused._SwiGLU, "forward",
                         staticmethod(counting("swiglu", fused._SwiGLU.forward)))
     return counts
@@ -53,8 +56,8 @@ def launches(monkeypatch):
 
 def test_the_kernels_run_here():
     """The tests below test the Triton kernels: CUDA, or the interpreter on CPU (conftest sets it)."""
-    assert fused.uses_kernels(torch.zeros(2, device="cuda" if torch.cuda.is_available() else "cpu"))
-    assert not fused.uses_kernels(torch.zeros(2, dtype=torch.float64))
+    assert fused.uses_kernels(torch.zeros(2, device=DEVICE))
+    assert not fused.uses_kernels(torch.zeros(2, dtype=torch.float64, device=DEVICE))
 
 
 # ----------------------------------------------------------------------------- RMS norm × gate
@@ -172,14 +175,14 @@ ROTARY_CASES = {
 def test_rotary_kernel(case, dtype, launches):
     shape, where, scale = ROTARY_CASES[case]
     r = shape[-1]
-    inv_freq = RotaryTable(r).inv_freq("cpu")
+    inv_freq = RotaryTable(r).inv_freq(DEVICE)
     x = _fused_projection(*shape, dtype, seed=8) if len(shape) == 4 else \
         _randn(shape[0], shape[1], 2 * r, dtype=dtype, seed=8)[..., r:]
     if isinstance(where, int):
         out = fused.rotary(x, inv_freq, offset=where, scale=scale)
-        positions = torch.arange(where, where + shape[1])
+        positions = torch.arange(where, where + shape[1], device=DEVICE)
     else:
-        positions = torch.tensor(where)
+        positions = torch.tensor(where, device=DEVICE)
         out = fused.rotary(x, inv_freq, positions=positions, scale=scale)
     assert launches["rotary"] == 1, case
     assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
@@ -192,7 +195,7 @@ def test_rotary_table_kernel_path_equals_its_table_path(monkeypatch):
     table = RotaryTable(12)
     x = _fused_projection(2, 11, 2, 12, torch.float32, seed=9)
     rows = _randn(5, 2, 12, seed=10)
-    positions = torch.tensor([4, 0, 70, 3, 3])
+    positions = torch.tensor([4, 0, 70, 3, 3], device=DEVICE)
     kernel = [table.apply(x, 5, scale=0.3), table.apply_at(rows, positions, scale=0.3),
               table.apply_at(rows, positions[2:3])]
     monkeypatch.setattr("leettriton.nn.functional.uses_kernels", lambda *t: False)
@@ -205,11 +208,11 @@ def test_rotary_table_kernel_path_equals_its_table_path(monkeypatch):
 def test_rotary_gradient(launches):
     """The backward (the kernel rotating the other way) against autograd through the PyTorch twin."""
     x = _fused_projection(2, 5, 3, 10, torch.float32, seed=11).detach().requires_grad_()
-    inv_freq = RotaryTable(10).inv_freq("cpu")
+    inv_freq = RotaryTable(10).inv_freq(DEVICE)
     w_out = _randn(2, 5, 3, 10, seed=12)
     (fused.rotary(x, inv_freq, offset=3, scale=0.7) * w_out).sum().backward()
     got, x.grad = x.grad.clone(), None
-    (fused.rotary_torch(x, inv_freq, torch.arange(3, 8), 0.7) * w_out).sum().backward()
+    (fused.rotary_torch(x, inv_freq, torch.arange(3, 8, device=DEVICE), 0.7) * w_out).sum().backward()
     assert launches["rotary"] == 2   # forward and backward
     assert_close(got, x.grad, tolerance(torch.float32), "d/d x")
 
@@ -224,6 +227,83 @@ def test_rotary_checks_its_arguments():
         fused.rotary(torch.zeros(3, 1, 8), inv_freq, positions=torch.arange(2))
     with pytest.raises(ValueError, match="positions must be an integer tensor"):
         fused.rotary(torch.zeros(3, 1, 8), inv_freq, positions=torch.zeros(3))
+
+
+# ----------------------------------------------------------------------------- LRPE
+
+def _lrpe_oracle(x, theta, positions):
+    """Float64 [x cos(t θ), x sin(t θ)] with the float32 angles t × θ (the angles' definition)."""
+    angle = (positions.to(torch.float32)[:, None, None] * theta.reshape(x.shape[-2], x.shape[-1])[None]).double()
+    if x.dim() == 4:
+        angle = angle[None]
+    return torch.cat((x.double() * torch.cos(angle), x.double() * torch.sin(angle)), -1)
+
+
+LRPE_CASES = {
+    # name: (x's shape (B, n, H, D) or (tokens, H, D), offset or positions)
+    "prefill from 0": ((2, 9, 3, 16), 0),
+    "prefill at offset 5000, D = 5": ((1, 6, 2, 5), 5000),
+    "positions per token": ((2, 4, 2, 12), [7, 0, 3000, 2]),
+    "packed rows": ((5, 3, 8), [3, 100, 7, 9000, 0]),
+    "one position for every row": ((4, 2, 10), [77]),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", sorted(LRPE_CASES))
+def test_lrpe_kernel(case, dtype, launches):
+    shape, where = LRPE_CASES[case]
+    H, D = shape[-2], shape[-1]
+    theta = (10000 ** (-2 / (H * D) * torch.arange(H * D, dtype=torch.float32, device=DEVICE))).reshape(H, 1, D)
+    x = _fused_projection(*shape, dtype, seed=17) if len(shape) == 4 else \
+        _randn(shape[0], H, 2 * D, dtype=dtype, seed=17)[..., D:]
+    if isinstance(where, int):
+        out = fused.lrpe(x, theta, offset=where)
+        positions = torch.arange(where, where + shape[1], device=DEVICE)
+    else:
+        positions = torch.tensor(where, device=DEVICE)
+        out = fused.lrpe(x, theta, positions=positions)
+    assert launches["lrpe"] == 1, case
+    assert out.dtype == dtype and out.shape == (*x.shape[:-1], 2 * D) and out.is_contiguous()
+    assert_close(out.double(), _lrpe_oracle(x, theta, positions), tolerance(dtype), f"{case} {dtype}")
+    _assert_one_rounding_apart(out, fused.lrpe_torch(x, theta.reshape(H, D), positions), f"{case} {dtype} vs twin")
+
+
+def test_lrpe_gradients(launches):
+    """d/d x and d/d θ (the layer's trainable frequencies) against autograd through the PyTorch twin."""
+    x = _fused_projection(2, 5, 3, 6, torch.float32, seed=18).detach().requires_grad_()
+    theta = (0.1 + _randn(3, 1, 6, seed=19).abs()).requires_grad_()
+    w_out = _randn(2, 5, 3, 12, seed=20)
+    (fused.lrpe(x, theta, offset=4) * w_out).sum().backward()
+    got = [x.grad.clone(), theta.grad.clone()]
+    x.grad = theta.grad = None
+    (fused.lrpe_torch(x, theta.reshape(3, 6), torch.arange(4, 9, device=DEVICE)) * w_out).sum().backward()
+    assert launches["lrpe"] == 1
+    assert_close(got[0], x.grad, tolerance(torch.float32), "d/d x")
+    assert_close(got[1], theta.grad, tolerance(torch.float32), "d/d theta")
+
+
+def test_lrpe_module_kernel_path_equals_its_torch_path(monkeypatch):
+    from leettriton.nn.lightning import Lrpe
+    module = Lrpe(2, 6, device=DEVICE)
+    x = _fused_projection(2, 7, 2, 6, torch.float32, seed=21)
+    rows = _randn(4, 2, 6, seed=22)
+    positions = torch.tensor([9, 0, 400, 2], device=DEVICE)
+    kernel = [module(x, 3), module.at(rows, positions), module.at(rows, positions[2:3])]
+    monkeypatch.setattr("leettriton.nn.lightning.uses_kernels", lambda *t: False)
+    torch_path = [module(x, 3), module.at(rows, positions), module.at(rows, positions[2:3])]
+    for i, (got, want) in enumerate(zip(kernel, torch_path)):
+        assert_close(got, want, tolerance(torch.float32) / 10, f"call {i}")
+
+
+def test_lrpe_checks_its_arguments():
+    theta = torch.ones(2, 1, 4)
+    with pytest.raises(ValueError, match="heads · D"):
+        fused.lrpe(torch.zeros(1, 3, 2, 5), theta)
+    with pytest.raises(ValueError, match="needs positions"):
+        fused.lrpe(torch.zeros(3, 2, 4), theta)
+    with pytest.raises(ValueError, match="positions must be an integer tensor"):
+        fused.lrpe(torch.zeros(3, 2, 4), theta, positions=torch.arange(2))
 
 
 # ----------------------------------------------------------------------------- SwiGLU

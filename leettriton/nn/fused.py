@@ -1,4 +1,4 @@
-"""The layers' elementwise work in one pass each: RMS norm (with an optional gate), rotary, SwiGLU.
+"""The layers' elementwise work in one pass each: RMS norm (with an optional gate), rotary, LRPE, SwiGLU.
 
 docs/design.md §12.5.
 
@@ -10,7 +10,7 @@ or CPU tensors under the interpreter (``TRITON_INTERPRET=1``); float16, bfloat16
 other dtype takes the PyTorch path).
 
 Autograd: every op is differentiable.  The kernels' forward is a ``torch.autograd.Function`` whose
-backward is the PyTorch twin's gradient (recomputed from the saved inputs), except rotary, whose
+backward is the PyTorch twin's gradient (recomputed from the saved inputs), except rotary's, whose
 backward is the same kernel rotating the other way (a rotation's transpose).
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import triton.language as tl
 
 from ..autotune.families import is_interpreting
 
-__all__ = ["rms_norm_gate", "rms_norm_gate_torch", "rotary", "rotary_torch", "swiglu", "swiglu_torch",
-           "GATE_ACTS", "uses_kernels"]
+__all__ = ["rms_norm_gate", "rms_norm_gate_torch", "rotary", "rotary_torch", "lrpe", "lrpe_torch", "swiglu",
+           "swiglu_torch", "GATE_ACTS", "uses_kernels"]
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_WIDTH = 32768            # one row in one program's registers
@@ -300,6 +300,113 @@ def rotary(x: torch.Tensor, inv_freq: torch.Tensor, *, offset: int = 0, position
     pos = positions.contiguous() if positions is not None else None
     out = _Rotary.apply(x4, inv_freq.float().contiguous(), pos, int(offset), float(scale), mode)
     return out.view(x.shape)
+
+
+# ----------------------------------------------------------------------------- LRPE
+
+def _check_positions(x4, positions):
+    if positions is not None and (positions.dim() != 1 or positions.numel() not in (1, x4.shape[1])
+                                  or positions.is_floating_point()):
+        raise ValueError(f"positions must be an integer tensor of shape ({x4.shape[1]},) or (1,), got "
+                         f"{positions.dtype} {tuple(positions.shape)}")
+
+
+def lrpe_torch(x: torch.Tensor, theta: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The PyTorch twin of :func:`lrpe`: [x cos(t θ_h), x sin(t θ_h)] with float32 angles t × θ."""
+    angle = positions.to(torch.float32)[:, None, None] * theta.float()[None]        # [n or 1, H, D]
+    if x.dim() == 4:
+        angle = angle[None]
+    xf = x.float()
+    return torch.cat((xf * torch.cos(angle), xf * torch.sin(angle)), dim=-1).to(x.dtype)
+
+
+@triton.jit(do_not_specialize=["rows", "seq_len", "offset", "x_batch_stride", "out_batch_stride"])
+def _lrpe_kernel(x_ptr, out_ptr, theta_ptr, positions_ptr, rows, seq_len, offset, x_batch_stride, x_token_stride,
+                 x_head_stride, out_batch_stride, out_token_stride, out_head_stride, theta_head_stride,
+                 DIM: tl.constexpr, POSITIONS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_DIM: tl.constexpr):
+    """One head of BLOCK_ROWS (batch, token) rows: x ↦ [x cos(t θ), x sin(t θ)] (positions as in rotary)."""
+    i_row, i_head = tl.program_id(0), tl.program_id(1)
+    o_row = i_row * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    o_col = tl.arange(0, BLOCK_DIM)
+    m_row = o_row < rows
+    m_tile = m_row[:, None] & (o_col < DIM)[None, :]
+    i_batch, i_token = (o_row // seq_len).to(tl.int64), (o_row % seq_len).to(tl.int64)
+    if POSITIONS == 0:
+        b_pos = (i_token + offset).to(tl.float32)
+    elif POSITIONS == 1:
+        b_pos = tl.load(positions_ptr + i_token, mask=m_row, other=0).to(tl.float32)
+    else:
+        b_pos = tl.load(positions_ptr + o_row * 0, mask=m_row, other=0).to(tl.float32)
+    b_theta = tl.load(theta_ptr + i_head * theta_head_stride + o_col, mask=o_col < DIM, other=0.).to(tl.float32)
+    b_angle = b_pos[:, None] * b_theta[None, :]                                    # [BLOCK_ROWS, BLOCK_DIM]
+    b_x = tl.load(x_ptr + i_batch[:, None] * x_batch_stride + i_token[:, None] * x_token_stride
+                  + i_head * x_head_stride + o_col[None, :], mask=m_tile, other=0.).to(tl.float32)
+    p_out = out_ptr + i_batch[:, None] * out_batch_stride + i_token[:, None] * out_token_stride \
+        + i_head * out_head_stride + o_col[None, :]
+    tl.store(p_out, (b_x * tl.cos(b_angle)).to(out_ptr.dtype.element_ty), mask=m_tile)
+    tl.store(p_out + DIM, (b_x * tl.sin(b_angle)).to(out_ptr.dtype.element_ty), mask=m_tile)
+
+
+class _Lrpe(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x4, theta, positions, offset, mode):
+        ctx.save_for_backward(x4, theta, positions)
+        ctx.offset, ctx.mode = offset, mode
+        if x4.stride(-1) != 1:
+            x4 = x4.contiguous()
+        B, n, H, D = x4.shape
+        out = torch.empty((B, n, H, 2 * D), dtype=x4.dtype, device=x4.device)
+        block_dim = triton.next_power_of_2(D)
+        block_rows = max(1, min(triton.next_power_of_2(B * n), 2048 // block_dim))
+        theta2 = theta.reshape(H, D)
+        if theta2.stride(-1) != 1:
+            theta2 = theta2.contiguous()
+        _lrpe_kernel[(triton.cdiv(B * n, block_rows), H)](
+            x4, out, theta2, positions if positions is not None else theta2, B * n, n, offset,
+            x4.stride(0), x4.stride(1), x4.stride(2), out.stride(0), out.stride(1), out.stride(2), theta2.stride(0),
+            DIM=D, POSITIONS=mode, BLOCK_ROWS=block_rows, BLOCK_DIM=block_dim, num_warps=4)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x4, theta, positions = ctx.saved_tensors
+        if positions is None:
+            positions = torch.arange(ctx.offset, ctx.offset + x4.shape[1], device=x4.device)
+        grads = _recomputed_grads(lambda x, th: lrpe_torch(x, th.reshape(x.shape[2], x.shape[3]), positions),
+                                  [x4, theta], grad_out)
+        return grads[0], grads[1], None, None, None
+
+
+def lrpe(x: torch.Tensor, theta: torch.Tensor, *, offset: int = 0,
+         positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """TransNormerLLM's linearised relative position encoding, x ↦ [x cos(t θ_h), x sin(t θ_h)], in one pass.
+
+    Args:
+        x: ``(batch, n, heads, D)`` (positions ``offset … offset + n − 1``, or ``positions`` ``(n,)``) or
+            ``(tokens, heads, D)`` (``positions`` ``(tokens,)``); a one-element ``positions`` puts every row at
+            that position.  Any strides.
+        theta: the frequencies, ``heads · D`` values (``(heads, 1, D)`` as the layer keeps them, or ``(heads, D)``).
+
+    Returns a new contiguous ``(..., heads, 2D)`` tensor in x's dtype; the angles are float32 t × θ.
+    Differentiable in x and θ.  Example::
+
+        >>> b = lrpe(silu(q_proj(x).view(B, n, H, D)), layer.lrpe.theta, offset=0)
+    """
+    if x.dim() not in (3, 4) or theta.numel() != x.shape[-2] * x.shape[-1]:
+        raise ValueError(f"lrpe: x must be (batch, n, heads, D) or (tokens, heads, D) with heads · D = "
+                         f"theta.numel() = {theta.numel()}, got shape {tuple(x.shape)}")
+    x4 = x if x.dim() == 4 else x.unsqueeze(0)
+    if positions is None and x.dim() != 4:
+        raise ValueError("lrpe: a (tokens, heads, D) x needs positions")
+    _check_positions(x4, positions)
+    theta2 = theta.reshape(x.shape[-2], x.shape[-1])
+    if x.numel() == 0 or not uses_kernels(x, theta) or (positions is not None and positions.device != x.device):
+        if positions is None:
+            positions = torch.arange(offset, offset + x4.shape[1], device=x.device)
+        return lrpe_torch(x, theta2, positions)
+    mode = 0 if positions is None else (2 if positions.numel() == 1 else 1)
+    out = _Lrpe.apply(x4, theta, positions.contiguous() if positions is not None else None, int(offset), mode)
+    return out.view(*x.shape[:-1], 2 * x.shape[-1])
 
 
 # ----------------------------------------------------------------------------- SwiGLU

@@ -10,7 +10,7 @@ from torch import nn
 from .. import api
 from .cache import LinearAttentionCache
 from .functional import activation, attend, check_method, decay_tensor
-from .fused import rms_norm_gate
+from .fused import lrpe, rms_norm_gate, uses_kernels
 
 __all__ = ["NormLinearAttention", "transnormer_slopes", "transnormer_gammas"]
 
@@ -66,7 +66,9 @@ def norm_layer(norm_type: str, dim: int, eps: float = 1e-6, device=None, dtype=N
 class Lrpe(nn.Module):
     """Linearised relative position encoding: x ↦ [x cos(θ t), x sin(θ t)] per head (doubles the key size r).
 
-    b_t · c_s then depends on t − s only: Σ_k q_k k_k cos(θ_k (t − s)).
+    b_t · c_s then depends on t − s only: Σ_k q_k k_k cos(θ_k (t − s)).  Where the fused ops run their kernels
+    (CUDA, or the interpreter) both methods are one :func:`leettriton.nn.fused.lrpe` pass (the same float32
+    angles); elsewhere the PyTorch arithmetic below.
     """
 
     def __init__(self, num_heads: int, head_dim: int, device=None) -> None:
@@ -76,6 +78,8 @@ class Lrpe(nn.Module):
                                   .reshape(num_heads, 1, head_dim))
 
     def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:   # x: (B, n, H, D) -> (B, n, H, 2D)
+        if uses_kernels(x, self.theta):
+            return lrpe(x, self.theta, offset=offset)
         n = x.shape[1]
         t = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)
         angle = t[:, None, None] * self.theta.float()[:, 0, :][None]   # [n, H, D]
@@ -90,6 +94,8 @@ class Lrpe(nn.Module):
         """Rows ``x`` ``(tokens, H, D)``, row i at position ``positions[i]`` → ``(tokens, H, 2D)``; a one-element
         ``positions`` (a tensor on x's device, read there: no host sync) encodes every row at that position.
         The same arithmetic as :meth:`forward`."""
+        if uses_kernels(x, self.theta) and positions.device == x.device:
+            return lrpe(x, self.theta, positions=positions)
         angle = positions.to(torch.float32)[:, None, None] * self.theta.float()[:, 0, :][None]   # [tokens or 1, H, D]
         return self._encode(x, angle)
 

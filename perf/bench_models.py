@@ -10,7 +10,9 @@ The paper's protocol on this GPU: RetNet-1.3B (hidden 2048, 8 heads, r = 256, d 
 length drawn once), batch 1 and 2.  For every dtype and method, and ``original`` — the layer's plain PyTorch
 form, the dense (B Cᵀ ⊙ M) V with the n × n decay mask materialised, as the models' own PyTorch code
 computes it — the wall time of one forward pass of the model over the prompt: ``--runs`` runs after a
-warm-up call, the highest and lowest dropped, mean ± std.  flash-linear-attention's ``RetNetForCausalLM``
+warm-up call, the highest and lowest dropped, mean ± std.  (The method changes the attention call only:
+the norms, rotary and gates around it are the fused ops of docs/design.md §12.5 in every row, ``original``
+included.)  flash-linear-attention's ``RetNetForCausalLM``
 (its own kernels, the same weights) is measured in the same run when importable (``--fla PATH`` puts
 unpacked wheels first on ``sys.path``).
 

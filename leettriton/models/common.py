@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ..nn import LinearAttentionCache
-from ..nn.functional import check_method, rms_norm
+from ..nn.functional import check_method
+from ..nn.fused import rms_norm_gate, swiglu
 from .decoding import DecoderCache, StaticDecoder
 
 try:  # transformers ≥ 4.56 spells it PreTrainedConfig; older releases PretrainedConfig
@@ -31,7 +32,8 @@ def model_output(cls, cache, **fields):
 
 
 class RMSNorm(nn.Module):
-    """RMS norm with a weight, computed in float32 and returned in the input's dtype."""
+    """RMS norm with a weight, computed in float32 and returned in the input's dtype (one pass:
+    :func:`leettriton.nn.fused.rms_norm_gate`)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None) -> None:
         super().__init__()
@@ -39,11 +41,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps).to(x.dtype)
+        return rms_norm_gate(x, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
-    """down_proj(swish(gate_proj(x)) ⊙ up_proj(x)) (parameter names as flash-linear-attention's GatedMLP)."""
+    """down_proj(swish(gate_proj(x)) ⊙ up_proj(x)) (parameter names as flash-linear-attention's GatedMLP); the
+    product is one pass in float32 (:func:`leettriton.nn.fused.swiglu`)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -52,7 +55,7 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class LinearAttentionPreTrainedModel(PreTrainedModel):

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from .. import api, registry
 from ..problem import requires_grad
 from .cache import LinearAttentionCache
+from .fused import rotary, uses_kernels
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor"]
 
@@ -98,7 +99,9 @@ class RotaryTable:
 
     cos/sin of position × inverse frequency, in float32, kept per device and grown as positions
     grow; :meth:`apply` rotates ``(batch, n, heads, dim)`` rows for positions offset … offset + n − 1
-    and multiplies by ``scale`` in the same pass.
+    and multiplies by ``scale`` in the same pass.  Where the fused ops run their kernels (CUDA, or the
+    interpreter), both methods are one :func:`leettriton.nn.fused.rotary` pass that computes the same float32
+    angles itself (no table, no float32 temporaries); elsewhere the table and PyTorch arithmetic below.
     """
 
     def __init__(self, dim: int, base: float = 10000.0) -> None:
@@ -107,9 +110,16 @@ class RotaryTable:
         self.dim = dim
         self.base = float(base)
         self._tables: dict = {}
+        self._inv_freqs: dict = {}
 
     def inv_freq(self, device) -> torch.Tensor:
-        return 1.0 / (self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim))
+        """1 / base^(2i / dim), float32 ``(dim / 2,)`` on ``device``, made once per device (never handed to a
+        caller that could change it: the kernels and the table read it)."""
+        hit = self._inv_freqs.get(device)
+        if hit is None:
+            arange = torch.arange(0, self.dim, 2, device=device, dtype=torch.float32)
+            hit = self._inv_freqs[device] = 1.0 / (self.base ** (arange / self.dim))
+        return hit
 
     def table(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         hit = self._tables.get(device)
@@ -121,6 +131,9 @@ class RotaryTable:
         return hit
 
     def apply(self, x: torch.Tensor, offset: int, scale: float = 1.0) -> torch.Tensor:
+        """Rotate ``x`` ``(batch, n, heads, dim)`` for positions offset … offset + n − 1, times ``scale``."""
+        if uses_kernels(x):
+            return rotary(x, self.inv_freq(x.device), offset=offset, scale=scale)
         n = x.shape[1]
         cos, sin = self.table(offset + n, x.device)
         cos = cos[offset:offset + n, None, :]          # [n, 1, dim/2]
@@ -143,6 +156,8 @@ class RotaryTable:
         largest position, nothing for a CUDA graph to outgrow); they are the table's float32 values,
         position × inverse frequency, so the result is that of :meth:`apply` at the same position.
         """
+        if uses_kernels(x) and positions.device == x.device:
+            return rotary(x, self.inv_freq(x.device), positions=positions, scale=scale)
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq(x.device)[None]   # [tokens or 1, dim/2]
         cos, sin = torch.cos(freqs)[:, None, :], torch.sin(freqs)[:, None, :]
         if scale != 1.0:

@@ -9,7 +9,8 @@ from torch import nn
 
 from .. import api
 from .cache import LinearAttentionCache
-from .functional import activation, attend, check_method, decay_tensor, rms_norm
+from .functional import activation, attend, check_method, decay_tensor
+from .fused import lrpe, rms_norm_gate, uses_kernels
 
 __all__ = ["NormLinearAttention", "transnormer_slopes", "transnormer_gammas"]
 
@@ -42,14 +43,15 @@ def transnormer_gammas(num_heads: int, layer_idx: int, num_layers: int) -> list[
 
 
 class SimpleRMSNorm(nn.Module):
-    """x / rms(x) over the last dimension, no weight (TransNormerLLM's SRMSNorm)."""
+    """x / rms(x) over the last dimension, no weight (TransNormerLLM's SRMSNorm), in x's dtype (one pass:
+    :func:`leettriton.nn.fused.rms_norm_gate`)."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, None, self.eps).to(x.dtype)
+        return rms_norm_gate(x, None, self.eps)
 
 
 def norm_layer(norm_type: str, dim: int, eps: float = 1e-6, device=None, dtype=None) -> nn.Module:
@@ -64,7 +66,9 @@ def norm_layer(norm_type: str, dim: int, eps: float = 1e-6, device=None, dtype=N
 class Lrpe(nn.Module):
     """Linearised relative position encoding: x ↦ [x cos(θ t), x sin(θ t)] per head (doubles the key size r).
 
-    b_t · c_s then depends on t − s only: Σ_k q_k k_k cos(θ_k (t − s)).
+    b_t · c_s then depends on t − s only: Σ_k q_k k_k cos(θ_k (t − s)).  Where the fused ops run their kernels
+    (CUDA, or the interpreter) both methods are one :func:`leettriton.nn.fused.lrpe` pass (the same float32
+    angles); elsewhere the PyTorch arithmetic below.
     """
 
     def __init__(self, num_heads: int, head_dim: int, device=None) -> None:
@@ -74,6 +78,8 @@ class Lrpe(nn.Module):
                                   .reshape(num_heads, 1, head_dim))
 
     def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:   # x: (B, n, H, D) -> (B, n, H, 2D)
+        if uses_kernels(x, self.theta):
+            return lrpe(x, self.theta, offset=offset)
         n = x.shape[1]
         t = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)
         angle = t[:, None, None] * self.theta.float()[:, 0, :][None]   # [n, H, D]
@@ -88,6 +94,8 @@ class Lrpe(nn.Module):
         """Rows ``x`` ``(tokens, H, D)``, row i at position ``positions[i]`` → ``(tokens, H, 2D)``; a one-element
         ``positions`` (a tensor on x's device, read there: no host sync) encodes every row at that position.
         The same arithmetic as :meth:`forward`."""
+        if uses_kernels(x, self.theta) and positions.device == x.device:
+            return lrpe(x, self.theta, positions=positions)
         angle = positions.to(torch.float32)[:, None, None] * self.theta.float()[:, 0, :][None]   # [tokens or 1, H, D]
         return self._encode(x, angle)
 
@@ -171,8 +179,7 @@ class NormLinearAttention(nn.Module):
             v = v * attention_mask[:, -n:, None, None].to(v.dtype)
         o = attend(b, c, v, self.gamma(x.device), method=self.method, precision=self.precision, cache=cache,
                    layer_idx=self.layer_idx)
-        o = self.norm(o.reshape(B, n, H * D))
-        return self.out_proj(u * o)
+        return self.out_proj(self._norm_and_gate(o.reshape(B, n, H * D), u))
 
     def decode_token(self, x: torch.Tensor, state: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """One token through a state held by the caller, as :meth:`MultiScaleRetention.decode_token`:
@@ -186,7 +193,14 @@ class NormLinearAttention(nn.Module):
         if self.use_lrpe:
             b, c = self.lrpe.at(b, position), self.lrpe.at(c, position)
         o, _ = api.decode_step(b, c, v.view(B, H, D), state, self.gamma(x.device))
-        return self.out_proj(u * self.norm(o.reshape(B, H * D)))
+        return self.out_proj(self._norm_and_gate(o.reshape(B, H * D), u))
+
+    def _norm_and_gate(self, o: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """u ⊙ Norm(o) for ``o`` ``(..., hidden_dim)``: with SRMSNorm one float32 pass reading o and u once
+        (:func:`leettriton.nn.fused.rms_norm_gate`), rounded once to u's dtype."""
+        if isinstance(self.norm, SimpleRMSNorm):
+            return rms_norm_gate(o, None, self.norm.eps, gate=u, gate_act="identity", out_dtype=u.dtype)
+        return u * self.norm(o)
 
     # ------------------------------------------------------------------ serving (docs/design.md §13.5)
 
@@ -200,7 +214,7 @@ class NormLinearAttention(nn.Module):
                                         method=self.method if method is None else method, state_pool=state_pool,
                                         slot_ids=slot_ids, has_initial_state=has_initial_state,
                                         precision=self.precision, check_indices=check_indices)
-        return self.out_proj(u * self.norm(o.reshape(o.shape[0], self.hidden_dim)))
+        return self.out_proj(self._norm_and_gate(o.reshape(o.shape[0], self.hidden_dim), u))
 
     def decode_slotted(self, hidden_states: torch.Tensor, positions: Optional[torch.Tensor], state_pool: torch.Tensor,
                        slot_ids: torch.Tensor, *, check_slots: bool = True) -> torch.Tensor:
@@ -208,7 +222,7 @@ class NormLinearAttention(nn.Module):
         b, c, v, u = self._serving_project(hidden_states, positions)
         o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device), slot_ids=slot_ids,
                                check_slots=check_slots)
-        return self.out_proj(u * self.norm(o.reshape(o.shape[0], self.hidden_dim)))
+        return self.out_proj(self._norm_and_gate(o.reshape(o.shape[0], self.hidden_dim), u))
 
     def _serving_project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
         """b, c, v ``(tokens, H, ·)`` and the gate u ``(tokens, hidden_dim)`` of packed rows ``x``."""

@@ -10,6 +10,7 @@ from torch import nn
 from .. import api
 from .cache import LinearAttentionCache
 from .functional import RotaryTable, activation, attend, check_method, decay_tensor, rms_norm
+from .fused import rms_norm_gate
 
 __all__ = ["MultiScaleRetention", "retnet_gammas"]
 
@@ -184,16 +185,22 @@ class MultiScaleRetention(nn.Module):
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The per-head norm of the attention output ``o`` ``(..., heads, d)``, the gate of ``x``, ``o_proj``."""
-        if self.fuse_norm_and_gate:
-            o = self.g_norm_swish_gate(o)
-        else:
-            o = self.g_norm(o)
-        if self.use_output_gate:
-            g = self.g_proj(x).view(o.shape)
-            o = o * self.gate_fn(g.float())
-        return self.o_proj(o.to(x.dtype).flatten(-2))
+        return self.o_proj(self._norm_and_gate(o, x).flatten(-2))
 
-        return self.o_proj(o.to(x.dtype).reshape(B, n, H * d))
+    def _norm_and_gate(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """norm(o) ⊙ gate_fn(g_proj(x)) (or norm(o) without the gate) in x's dtype, computed in float32.
+
+        With the swish gate this is one pass of :func:`leettriton.nn.fused.rms_norm_gate` reading o and g once
+        (whichever name the norm has); another gate multiplies the float32 norm by its activation.
+        """
+        norm = self.g_norm_swish_gate if self.fuse_norm_and_gate else self.g_norm
+        if not self.use_output_gate:
+            return rms_norm_gate(o, norm.weight, norm.eps, out_dtype=x.dtype)
+        g = self.g_proj(x).view(o.shape)
+        if self.gate_fn is nn.functional.silu:
+            return rms_norm_gate(o, norm.weight, norm.eps, gate=g, gate_act="swish", out_dtype=x.dtype)
+        o = rms_norm_gate(o, norm.weight, norm.eps, out_dtype=torch.float32)
+        return (o * self.gate_fn(g.float())).to(x.dtype)
 
     # ------------------------------------------------------------------ serving (docs/design.md §13.5)
 
@@ -267,9 +274,4 @@ class MultiScaleRetention(nn.Module):
 
     def _serving_output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Norm, gate and output projection of the attention output ``o`` ``(tokens, H, d)``."""
-        T = x.shape[0]
-        H, d = self.num_heads, self.head_v_dim
-        o = self.g_norm_swish_gate(o) if self.fuse_norm_and_gate else self.g_norm(o)
-        if self.use_output_gate:
-            o = o * self.gate_fn(self.g_proj(x).view(T, H, d).float())
-        return self.o_proj(o.to(x.dtype).reshape(T, H * d))
+        return self._output(o, x)

@@ -94,7 +94,8 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
             (p.gamma is None or p.gamma is gamma or not isinstance(gamma, torch.Tensor)):
         p.memo = {}
         run_problem(p, name)
-        remember_call(key, _Call(resolve(p, name), p, layout, return_state, p.gamma is gamma, p.memo))
+        as_is = p.gamma is not None and p.gamma is gamma
+        remember_call(key, _Call(resolve(p, name), p, layout, return_state, as_is, p.memo))
     else:
         run_problem(p, name)
     return (out, p.state) if return_state else out
@@ -242,7 +243,8 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
                 _DECODE_STEPS.clear()
             # a float γ's tensor is cached by value and never handed out: it can be kept; a tensor γ
             # handed to the kernel as it is has its values checked again on every version
-            _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if gamma_h is gamma else gamma_h, (B, H, d))
+            as_is = gamma_h is not None and gamma_h is gamma
+            _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, d))
     return out, state
 
 

@@ -73,6 +73,7 @@ def test_decode_repeats_only_what_the_signature_fixes(count_checks):
     checked_step(b_t, c_t, v_t, state, 0.75, "float γ")
     checked_step(b_t, c_t, v_t, state, 0.25, "another float γ")
     checked_step(b_t, c_t, v_t, state, None, "no γ")
+    checked_step(b_t, c_t, v_t, state, None, "no γ again")
     checked_step(b_t, c_t, v_t, state, 0.75, "the first float γ again")
     # another dtype of the inputs, same shapes
     checked_step(b_t.half(), c_t.half(), v_t.half(), state, gamma, "float16 inputs", tol=tolerance(torch.float16))
@@ -137,6 +138,7 @@ def test_linear_attention_repeats_only_what_the_signature_fixes(method):
     checked_attention(b, c, v, 0.6, "float γ", method=method)
     checked_attention(b, c, v, 0.7, "another float γ", method=method)
     checked_attention(b, c, v, None, "no γ", method=method)
+    checked_attention(b, c, v, None, "no γ again", method=method)
     s0 = rand(B, H, R, D, seed=6)
     checked_attention(b, c, v, gamma, "initial state", initial_state=s0, method=method)
     checked_attention(b, c, v, gamma, "strided initial state", method=method,

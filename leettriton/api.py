@@ -111,7 +111,8 @@ class _Call:
 
     def __init__(self, plan, p: Problem, layout: str, return_state: bool, gamma_as_is: bool, memo: dict) -> None:
         B, H, n, r, d = p.shape
-        self.plan, self.gamma, self.gamma_as_is, self.memo = plan, p.gamma, gamma_as_is, memo
+        # a float γ's tensor (cached by value, never handed out) is kept; a caller's γ tensor is not
+        self.plan, self.gamma, self.gamma_as_is, self.memo = plan, None if gamma_as_is else p.gamma, gamma_as_is, memo
         self.transposed = layout != "bhnd"
         self.out_shape = (B, n, H, d) if self.transposed else (B, H, n, d)
         self.state_shape = (B, H, r, d) if return_state else None
@@ -298,23 +299,35 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slots: bool, *, one_token: bool):
     """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), kept or None).
 
-    As for :func:`decode_step`, the checks of the tensors' types, shapes, dtypes and devices run once
-    per signature; the slot ids' values once per tensor version (docs/design.md §13.3)."""
+    As for :func:`decode_step`, a call whose signature (here also the slot ids' type, shape, strides, dtype
+    and device, ``check_slots`` and ``keep_states``) was checked and launched before repeats its launch
+    (docs/design.md §4.5); the slot ids' values are checked once per tensor version (docs/design.md §13.3)."""
     try:
-        signature = (one_token, check_slots, b.shape, c.shape, v.shape, state.shape, b.dtype, c.dtype, v.dtype,
-                     state.dtype, b.device, c.device, v.device, state.device, type(b), type(c), type(v), type(state),
-                     type(slot_ids), getattr(slot_ids, "shape", None), getattr(slot_ids, "dtype", None),
-                     getattr(slot_ids, "device", None))
-    except AttributeError:
-        signature = None
-    if signature is None or signature not in _CHECKED_TOKEN_SIGNATURES:
+        g, s = gamma, slot_ids
+        signature = (one_token, type(check_slots), check_slots, keep_states, type(b), type(c), type(v), type(state),
+                     b.shape, c.shape, v.shape, state.shape, b.stride(), c.stride(), v.stride(), state.stride(),
+                     b.dtype, c.dtype, v.dtype, state.dtype, b.device, c.device, v.device, state.device,
+                     None if s is None else (type(s), s.shape, s.stride(), s.dtype, s.device),
+                     (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g))
+        step = _TOKEN_STEPS.get(signature)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable gamma: the checks say what
+        signature = step = None
+    if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
-        if signature is not None:
-            if len(_CHECKED_TOKEN_SIGNATURES) >= 1024:
-                _CHECKED_TOKEN_SIGNATURES.clear()
-            _CHECKED_TOKEN_SIGNATURES.add(signature)
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    if step is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, state, gamma)):
+        launch, gamma_h, out_shape, kept_shape = step
+        if slot_ids is not None:
+            check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
+        if gamma_h is _GAMMA_AS_IS:
+            check_gamma_values(gamma)
+            gamma_h = gamma
+        out = problem.new_empty(out_shape, v.dtype, v.device)
+        kept = None if kept_shape is None else problem.new_empty(kept_shape, torch.float32, v.device)
+        if launch((b, c, v, out, out if gamma_h is None else gamma_h, state, state if slot_ids is None else slot_ids,
+                   state if kept is None else kept)):
+            return out, kept
     B, H, K, r = b.shape
     d = v.shape[-1]
     if slot_ids is not None:
@@ -323,10 +336,22 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     check_autograd("decode_tokens", b, c, v, state)
     gamma_h = resolve_gamma(gamma, H, v.device)
     out = problem.new_empty((B, H, K, d), v.dtype, v.device)
-    kept = problem.new_empty((B, H, K + 1, r, d), torch.float32, v.device) if keep_states else None
+    kept_shape = (B, H, K + 1, r, d) if keep_states else None
+    kept = problem.new_empty(kept_shape, torch.float32, v.device) if keep_states else None
     if B and H:
-        decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
+        launch = decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
+        if signature is not None and launch is not None and (gamma_h is None or gamma_h is gamma
+                                                             or not isinstance(gamma, torch.Tensor)):
+            if len(_TOKEN_STEPS) >= 1024:
+                _TOKEN_STEPS.clear()
+            as_is = gamma_h is not None and gamma_h is gamma
+            _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, K, d), kept_shape)
     return out, kept
+
+
+_TOKEN_STEPS: dict = {}
+"""The slotted / k-token step's validated signatures: signature → (the launch to repeat, γ's tensor or
+_GAMMA_AS_IS, the output's shape, the kept states' shape or None), as :data:`_DECODE_STEPS`."""
 
 
 VARLEN_NATIVE = ("lightning_attention", "block_based")
@@ -416,9 +441,6 @@ def _varlen_by_sequence(p, twin) -> None:
             final.zero_()
         if p.state is not None and slot >= 0:
             p.state[slot:slot + 1].copy_(final)
-
-
-_CHECKED_TOKEN_SIGNATURES: set = set()
 
 
 def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token: bool) -> None:

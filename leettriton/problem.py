@@ -333,7 +333,7 @@ def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint="") -> Op
 # --------------------------------------------------------------------------- indices (docs/design.md §13.3)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-_CHECKED_INDICES = _CheckedTensors(remember_unversioned=False)
+_CHECKED_INDICES = _CheckedTensors(remember_unversioned=False, remember_cpu=True)
 
 
 def check_index(name: str, x, length: Optional[int], device: torch.device, what: str) -> torch.Tensor:

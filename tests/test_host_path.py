@@ -206,3 +206,42 @@ def test_a_direct_launch_hands_every_argument_in_order(monkeypatch):
     with configs.recording():
         assert not launch(tensors)
     assert len(compiled.calls) == 1
+
+
+def test_slotted_decode_repeats_only_what_the_signature_fixes():
+    """The slotted step's fast path: new slot ids (and their values) each call, a pool of other strides, γ in
+    place; the slot ids' values still checked per version, check_slots still a bool."""
+    api._TOKEN_STEPS.clear()
+    pool = rand(6, H, R, D, seed=1)
+    gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
+    b_t, c_t, v_t = rand(B, H, R, seed=2), rand(B, H, R, seed=3), rand(B, H, D, seed=4)
+
+    def checked(pool, slots, gamma, what):
+        rows = [int(i) for i in slots.tolist()]
+        expect_o, expect_s = decode_oracle(b_t, c_t, v_t, pool[rows].clone(), gamma)
+        untouched = [i for i in range(pool.shape[0]) if i not in rows]
+        before = pool[untouched].clone()
+        o_t, same = leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=slots)
+        assert same is pool
+        assert_close(o_t, expect_o, 1e-5, f"{what}: output")
+        assert_close(pool[rows], expect_s, 1e-5, f"{what}: updated slots")
+        assert torch.equal(pool[untouched], before), f"{what}: a slot no row names was written"
+
+    checked(pool, torch.tensor([4, 1], device=DEVICE), gamma, "first call")
+    checked(pool, torch.tensor([0, 5], device=DEVICE), gamma, "other slots, same signature")
+    assert len(api._TOKEN_STEPS) == 1
+    slots = torch.tensor([2, 3], device=DEVICE)
+    checked(pool, slots, gamma, "a third slot tensor")
+    slots[0] = 5                                            # in place: a new version, checked and read again
+    checked(pool, slots, gamma, "slot ids written in place")
+    gamma.mul_(0.5)
+    checked(pool, slots, gamma, "γ written in place")
+    wide = rand(6, H, D, R, seed=5).transpose(-1, -2)       # the same shape, other strides
+    checked(wide, slots, gamma, "a pool of other strides")
+    checked(pool, slots.to(torch.int32), gamma, "int32 slot ids")
+    slots[1] = 5
+    with pytest.raises(ValueError, match="slot_ids must not repeat a slot"):
+        leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=slots)
+    with pytest.raises(TypeError, match="check_slots must be a bool"):
+        leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=torch.tensor([0, 1], device=DEVICE),
+                               check_slots=1)

@@ -324,11 +324,18 @@ COMPILED_DEVICE = "cuda"
 
 
 def _current_device() -> int:
-    return torch._C._cuda_getDevice()
+    global _current_device
+    _current_device = torch._C._cuda_getDevice  # from now on the function itself, not this frame
+    return _current_device()
 
 
 def _current_stream(device: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device)
+    global _current_stream
+    _current_stream = torch._C._cuda_getCurrentRawStream
+    return _current_stream(device)
+
+
+_reduce, _or = functools.reduce, operator.or_
 
 
 def _live(hook):
@@ -393,7 +400,7 @@ class Launch:
         if device != self.device:
             return False
         ptrs = tuple(map(_DATA_PTR, tensors))
-        if functools.reduce(operator.or_, ptrs) & 15:
+        if _reduce(_or, ptrs) & 15:
             return False  # compiled for 16-byte aligned pointers; this call's are not all aligned
         stream = _current_stream(device)
         values = self.take(ptrs + self.fixed)
@@ -486,7 +493,8 @@ class CompiledLaunches:
             tuned = None if config is not None else getattr(self.kernel, "best_config", None)
             ran = config if config is not None else chosen_config(self.kernel)
             aligned = not any(_DATA_PTR(x) & 15 for x in tensors)
-            if kernel is None or ran is None or not hasattr(kernel, "run") or not aligned:
+            hooked = tuned is not None and tuned.pre_hook is not None  # a hook Triton runs before each launch
+            if kernel is None or ran is None or not hasattr(kernel, "run") or not aligned or hooked:
                 return None
             entry = Launch(self, args, grid, ran, kernel, where[0], tuned)
         if len(self.launches) >= self.MAX_LAUNCHES:

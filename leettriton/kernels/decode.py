@@ -237,16 +237,19 @@ def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept) -> None:
 
 def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
                        gamma: Optional[torch.Tensor], out: torch.Tensor, slot_ids: Optional[torch.Tensor] = None,
-                       kept: Optional[torch.Tensor] = None, config: Optional[Mapping] = None) -> None:
+                       kept: Optional[torch.Tensor] = None,
+                       config: Optional[Mapping] = None) -> Optional[Callable[[tuple], bool]]:
     """Launch the k-token step (inputs validated by the public functions; docs/design.md §13.1).
 
     b, c: ``(B, H, k, r)``; v: ``(B, H, k, d)``; out: ``(B, H, k, d)``; state: float32, ``(B, H, r, d)``, or
     with ``slot_ids`` (``(B,)`` int32/int64) a pool ``(slots, H, r, d)``; updated in place.  ``kept``:
     float32 ``(B, H, k, r, d)`` that receives the state after each token, or None.
+    Returns what repeats the launch, as :func:`decode_step_impl` does; it takes
+    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state)``.
     """
     if state.device.type == "cpu" and not is_interpreting():
         _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept)
-        return
+        return _TorchTokens(gamma is not None, slot_ids is not None, kept is not None)
     B, H, K, r = b.shape
     d = v.shape[-1]
     keep = kept if kept is not None else state  # unused stand-in
@@ -261,4 +264,17 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
     grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     pinned = (config or {}).get(spaces.TOKENS.name)
     # every argument but the tensors by value, the tensors by dtype, the config, and the grid's batch·heads
-    _TOKEN_LAUNCHES.launch(_TOKEN_LAUNCHES.key(pinned, args, B * H), grid, pinned, args, state.device)
+    return _TOKEN_LAUNCHES.launch(_TOKEN_LAUNCHES.key(pinned, args, B * H), grid, pinned, args, state.device)
+
+
+class _TorchTokens:
+    """The repeatable k-token step of CPU tensors outside the interpreter, called as a Launch is."""
+
+    def __init__(self, has_decay: bool, slotted: bool, keep: bool) -> None:
+        self.has_decay, self.slotted, self.keep = has_decay, slotted, keep
+
+    def __call__(self, tensors) -> bool:
+        b, c, v, out, gamma, state, slot_ids, kept = tensors
+        _decode_tokens_torch(b, c, v, state, gamma if self.has_decay else None, out,
+                             slot_ids if self.slotted else None, kept if self.keep else None)
+        return True

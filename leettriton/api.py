@@ -226,7 +226,7 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
             check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
             gamma_h = gamma
         out = problem.new_empty(out_shape, v_t.dtype, v_t.device)
-        if launch((b_t, c_t, v_t, out, out if gamma_h is None else gamma_h, state)):
+        if launch is not None and launch((b_t, c_t, v_t, out, out if gamma_h is None else gamma_h, state)):
             return out, state
     if step is None:
         _check_decode_step(b_t, c_t, v_t, state)
@@ -236,21 +236,20 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     check_autograd("decode_step", b_t, c_t, v_t, state)
     gamma_h = resolve_gamma(gamma, H, v_t.device)
     out = problem.new_empty((B, H, d), v_t.dtype, v_t.device)
-    if B and H:
-        launch = decode_step_impl(b_t, c_t, v_t, state, gamma_h, out)
-        if key is not None and launch is not None and (gamma_h is None or gamma_h is gamma
-                                                       or not isinstance(gamma, torch.Tensor)):
-            if len(_DECODE_STEPS) >= 1024:
-                _DECODE_STEPS.clear()
-            # a float γ's tensor is cached by value and never handed out: it can be kept; a tensor γ
-            # handed to the kernel as it is has its values checked again on every version
-            as_is = gamma_h is not None and gamma_h is gamma
-            _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, d))
+    launch = decode_step_impl(b_t, c_t, v_t, state, gamma_h, out) if B and H else None
+    if key is not None and (gamma_h is None or gamma_h is gamma or not isinstance(gamma, torch.Tensor)):
+        if len(_DECODE_STEPS) >= 1024:
+            _DECODE_STEPS.clear()
+        # a float γ's tensor is cached by value and never handed out: it can be kept; a tensor γ handed to
+        # the kernel as it is has its values checked again on every version.  No launch to repeat (an
+        # empty step, pointers not 16-byte aligned): the signature's checks are still done
+        as_is = gamma_h is not None and gamma_h is gamma
+        _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, d))
     return out, state
 
 
 _DECODE_STEPS: dict = {}
-"""decode_step's validated signatures: signature → (the launch to repeat, γ's tensor or _GAMMA_AS_IS, the
+"""decode_step's validated signatures: signature → (the launch to repeat or None, γ's tensor or _GAMMA_AS_IS, the
 output's shape).  The signature holds each tensor's type, shape, strides, dtype and device and γ's kind
 (None or a number by type and value; a tensor by type, shape, strides, dtype and device), so a call that
 matches it passes every check a first call made, except γ's values, checked per tensor version."""
@@ -325,8 +324,8 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
             gamma_h = gamma
         out = problem.new_empty(out_shape, v.dtype, v.device)
         kept = None if kept_shape is None else problem.new_empty(kept_shape, torch.float32, v.device)
-        if launch((b, c, v, out, out if gamma_h is None else gamma_h, state, state if slot_ids is None else slot_ids,
-                   state if kept is None else kept)):
+        if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
+                                          state if slot_ids is None else slot_ids, state if kept is None else kept)):
             return out, kept
     B, H, K, r = b.shape
     d = v.shape[-1]
@@ -338,14 +337,12 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     out = problem.new_empty((B, H, K, d), v.dtype, v.device)
     kept_shape = (B, H, K + 1, r, d) if keep_states else None
     kept = problem.new_empty(kept_shape, torch.float32, v.device) if keep_states else None
-    if B and H:
-        launch = decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
-        if signature is not None and launch is not None and (gamma_h is None or gamma_h is gamma
-                                                             or not isinstance(gamma, torch.Tensor)):
-            if len(_TOKEN_STEPS) >= 1024:
-                _TOKEN_STEPS.clear()
-            as_is = gamma_h is not None and gamma_h is gamma
-            _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, K, d), kept_shape)
+    launch = decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept) if B and H else None
+    if signature is not None and (gamma_h is None or gamma_h is gamma or not isinstance(gamma, torch.Tensor)):
+        if len(_TOKEN_STEPS) >= 1024:
+            _TOKEN_STEPS.clear()
+        as_is = gamma_h is not None and gamma_h is gamma
+        _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, K, d), kept_shape)
     return out, kept
 
 

@@ -11,17 +11,17 @@ from typing import Callable, Optional
 
 import torch
 
-from . import registry
+from . import problem, registry
 from .autograd import attach_backward
 from .compat import decoder_arguments
 from .kernels.decode import decode_step_impl, decode_tokens_impl
 from .autotune import is_interpreting
 from .methods import builtin_methods
 from .methods.lightning_attention.kernels import launch_varlen_walk
-from .plan import run_problem
-from .problem import (Problem, check_autograd, check_bool, check_constant_gamma, check_dims, check_index, check_pool,
-                      check_slot_values, check_state, check_tensor, check_token_triple, make_problem, new_empty, requires_grad,
-                      make_varlen_problem, resolve_gamma)
+from .plan import known_call, remember_call, resolve, run_problem
+from .problem import (Problem, check_autograd, check_bool, check_constant_gamma, check_dims, check_gamma_values,
+                      check_index, check_pool, check_slot_values, check_state, check_tensor, check_token_triple,
+                      make_problem, make_varlen_problem, requires_grad, resolve_gamma)
 
 __all__ = ["linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
 
@@ -67,6 +67,20 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
         >>> o = leettriton.linear_attention(b, c, v, gamma=0.99)
         >>> o, s = leettriton.linear_attention(b, c, v, 0.99, return_state=True)
     """
+    # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks, the plan and the
+    # launches read but the tensors' addresses and γ's values -- ran before skips to its plan's launches
+    try:
+        g, s = gamma, initial_state
+        key = ("linear_attention", method, layout, type(b), type(c), type(v), b.shape, c.shape, v.shape, b.stride(),
+               c.stride(), v.stride(), b.dtype, c.dtype, v.dtype, b.device, c.device, v.device,
+               None if s is None else (type(s), s.shape, s.stride(), s.dtype, s.device), type(return_state),
+               return_state, type(precision), precision,
+               (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g))
+        call = known_call(key)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: the checks say what
+        key = call = None
+    if call is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, initial_state, gamma)):
+        return call(b, c, v, gamma, initial_state)
     name = registry.canonical_method(method)
     if requires_grad(b, c, v, initial_state, gamma):
         check_constant_gamma(gamma)
@@ -76,8 +90,49 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
                                    return_state=return_state)
     p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
                           precision=precision, differentiable=registry.torch_method(name) is not None)
-    run_problem(p, name)
+    if key is not None and not _is_empty(out) and registry.user_method(name) is None and \
+            (p.gamma is None or p.gamma is gamma or not isinstance(gamma, torch.Tensor)):
+        p.memo = {}
+        run_problem(p, name)
+        as_is = p.gamma is not None and p.gamma is gamma
+        remember_call(key, _Call(resolve(p, name), p, layout, return_state, as_is, p.memo))
+    else:
+        run_problem(p, name)
     return (out, p.state) if return_state else out
+
+
+class _Call:
+    """A validated call signature of :func:`linear_attention` and what it resolved to: the plan, γ's
+    tensor (a float's, cached by value) or "γ as it is", the output shapes, and the launchers' memo.
+    Calling it runs the plan on a new Problem of the same signature (docs/design.md §4.5)."""
+
+    __slots__ = ("plan", "gamma", "gamma_as_is", "out_shape", "state_shape", "transposed", "precision", "memo",
+                 "return_state")
+
+    def __init__(self, plan, p: Problem, layout: str, return_state: bool, gamma_as_is: bool, memo: dict) -> None:
+        B, H, n, r, d = p.shape
+        # a float γ's tensor (cached by value, never handed out) is kept; a caller's γ tensor is not
+        self.plan, self.gamma, self.gamma_as_is, self.memo = plan, None if gamma_as_is else p.gamma, gamma_as_is, memo
+        self.transposed = layout != "bhnd"
+        self.out_shape = (B, n, H, d) if self.transposed else (B, H, n, d)
+        self.state_shape = (B, H, r, d) if return_state else None
+        self.precision, self.return_state = p.precision, return_state
+
+    def __call__(self, b, c, v, gamma, initial_state):
+        gamma_h = self.gamma
+        if self.gamma_as_is:
+            check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
+            gamma_h = gamma
+        out = problem.new_empty(self.out_shape, v.dtype, v.device)
+        state = None if self.state_shape is None else problem.new_empty(self.state_shape, torch.float32, v.device)
+        if self.transposed:
+            p = Problem(b.transpose(1, 2), c.transpose(1, 2), v.transpose(1, 2), gamma_h, initial_state,
+                        out.transpose(1, 2), state, self.precision, self.memo)
+        else:
+            p = Problem(b, c, v, gamma_h, initial_state, out, state, self.precision, self.memo)
+        plan = self.plan
+        plan.run(p, plan)
+        return (out, state) if self.return_state else out
 
 
 def _is_empty(x) -> bool:
@@ -154,29 +209,51 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     if slot_ids is not None:
         out, _ = _decode_tokens(b_t, c_t, v_t, state, gamma, slot_ids, False, check_slots, one_token=True)
         return out[:, :, 0], state
-    try:  # what the checks below read; a signature seen before needs none of them again
-        signature = (b_t.shape, c_t.shape, v_t.shape, state.shape, b_t.dtype, c_t.dtype, v_t.dtype, state.dtype,
-                     b_t.device, c_t.device, v_t.device, state.device, type(b_t), type(c_t), type(v_t), type(state))
-    except AttributeError:
-        signature = None
-    if signature is None or signature not in _CHECKED_DECODE_SIGNATURES:
+    # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks and the launch
+    # read but the tensors' addresses and γ's values -- was validated and launched before repeats that launch
+    try:
+        g = gamma
+        gkey = (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g)
+        key = (type(b_t), type(c_t), type(v_t), type(state), b_t.shape, c_t.shape, v_t.shape, state.shape,
+               b_t.stride(), c_t.stride(), v_t.stride(), state.stride(), b_t.dtype, c_t.dtype, v_t.dtype, state.dtype,
+               b_t.device, c_t.device, v_t.device, state.device, gkey)
+        step = _DECODE_STEPS.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable gamma: the checks say what
+        key = step = None
+    if step is not None and not (torch.is_grad_enabled() and requires_grad(b_t, c_t, v_t, state, gamma)):
+        launch, gamma_h, out_shape = step
+        if gamma_h is _GAMMA_AS_IS:
+            check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
+            gamma_h = gamma
+        out = problem.new_empty(out_shape, v_t.dtype, v_t.device)
+        if launch is not None and launch((b_t, c_t, v_t, out, out if gamma_h is None else gamma_h, state)):
+            return out, state
+    if step is None:
         _check_decode_step(b_t, c_t, v_t, state)
-        if signature is not None:
-            if len(_CHECKED_DECODE_SIGNATURES) >= 1024:
-                _CHECKED_DECODE_SIGNATURES.clear()
-            _CHECKED_DECODE_SIGNATURES.add(signature)
     B, H, r = b_t.shape
     d = v_t.shape[-1]
     check_constant_gamma(gamma)
     check_autograd("decode_step", b_t, c_t, v_t, state)
     gamma_h = resolve_gamma(gamma, H, v_t.device)
-    out = new_empty((B, H, d), v_t.dtype, v_t.device)
-    if B and H:
-        decode_step_impl(b_t, c_t, v_t, state, gamma_h, out)
+    out = problem.new_empty((B, H, d), v_t.dtype, v_t.device)
+    launch = decode_step_impl(b_t, c_t, v_t, state, gamma_h, out) if B and H else None
+    if key is not None and (gamma_h is None or gamma_h is gamma or not isinstance(gamma, torch.Tensor)):
+        if len(_DECODE_STEPS) >= 1024:
+            _DECODE_STEPS.clear()
+        # a float γ's tensor is cached by value and never handed out: it can be kept; a tensor γ handed to
+        # the kernel as it is has its values checked again on every version.  No launch to repeat (an
+        # empty step, pointers not 16-byte aligned): the signature's checks are still done
+        as_is = gamma_h is not None and gamma_h is gamma
+        _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, d))
     return out, state
 
 
-_CHECKED_DECODE_SIGNATURES: set = set()
+_DECODE_STEPS: dict = {}
+"""decode_step's validated signatures: signature → (the launch to repeat or None, γ's tensor or _GAMMA_AS_IS, the
+output's shape).  The signature holds each tensor's type, shape, strides, dtype and device and γ's kind
+(None or a number by type and value; a tensor by type, shape, strides, dtype and device), so a call that
+matches it passes every check a first call made, except γ's values, checked per tensor version."""
+_GAMMA_AS_IS = object()
 
 
 def _check_decode_step(b_t, c_t, v_t, state) -> None:
@@ -221,23 +298,35 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slots: bool, *, one_token: bool):
     """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), kept or None).
 
-    As for :func:`decode_step`, the checks of the tensors' types, shapes, dtypes and devices run once
-    per signature; the slot ids' values once per tensor version (docs/design.md §13.3)."""
+    As for :func:`decode_step`, a call whose signature (here also the slot ids' type, shape, strides, dtype
+    and device, ``check_slots`` and ``keep_states``) was checked and launched before repeats its launch
+    (docs/design.md §4.5); the slot ids' values are checked once per tensor version (docs/design.md §13.3)."""
     try:
-        signature = (one_token, check_slots, b.shape, c.shape, v.shape, state.shape, b.dtype, c.dtype, v.dtype,
-                     state.dtype, b.device, c.device, v.device, state.device, type(b), type(c), type(v), type(state),
-                     type(slot_ids), getattr(slot_ids, "shape", None), getattr(slot_ids, "dtype", None),
-                     getattr(slot_ids, "device", None))
-    except AttributeError:
-        signature = None
-    if signature is None or signature not in _CHECKED_TOKEN_SIGNATURES:
+        g, s = gamma, slot_ids
+        signature = (one_token, type(check_slots), check_slots, keep_states, type(b), type(c), type(v), type(state),
+                     b.shape, c.shape, v.shape, state.shape, b.stride(), c.stride(), v.stride(), state.stride(),
+                     b.dtype, c.dtype, v.dtype, state.dtype, b.device, c.device, v.device, state.device,
+                     None if s is None else (type(s), s.shape, s.stride(), s.dtype, s.device),
+                     (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g))
+        step = _TOKEN_STEPS.get(signature)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable gamma: the checks say what
+        signature = step = None
+    if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
-        if signature is not None:
-            if len(_CHECKED_TOKEN_SIGNATURES) >= 1024:
-                _CHECKED_TOKEN_SIGNATURES.clear()
-            _CHECKED_TOKEN_SIGNATURES.add(signature)
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    if step is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, state, gamma)):
+        launch, gamma_h, out_shape, kept_shape = step
+        if slot_ids is not None:
+            check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
+        if gamma_h is _GAMMA_AS_IS:
+            check_gamma_values(gamma)
+            gamma_h = gamma
+        out = problem.new_empty(out_shape, v.dtype, v.device)
+        kept = None if kept_shape is None else problem.new_empty(kept_shape, torch.float32, v.device)
+        if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
+                                          state if slot_ids is None else slot_ids, state if kept is None else kept)):
+            return out, kept
     B, H, K, r = b.shape
     d = v.shape[-1]
     if slot_ids is not None:
@@ -245,11 +334,21 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     check_constant_gamma(gamma)
     check_autograd("decode_tokens", b, c, v, state)
     gamma_h = resolve_gamma(gamma, H, v.device)
-    out = new_empty((B, H, K, d), v.dtype, v.device)
-    kept = new_empty((B, H, K + 1, r, d), torch.float32, v.device) if keep_states else None
-    if B and H:
-        decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
+    out = problem.new_empty((B, H, K, d), v.dtype, v.device)
+    kept_shape = (B, H, K + 1, r, d) if keep_states else None
+    kept = problem.new_empty(kept_shape, torch.float32, v.device) if keep_states else None
+    launch = decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept) if B and H else None
+    if signature is not None and (gamma_h is None or gamma_h is gamma or not isinstance(gamma, torch.Tensor)):
+        if len(_TOKEN_STEPS) >= 1024:
+            _TOKEN_STEPS.clear()
+        as_is = gamma_h is not None and gamma_h is gamma
+        _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, K, d), kept_shape)
     return out, kept
+
+
+_TOKEN_STEPS: dict = {}
+"""The slotted / k-token step's validated signatures: signature → (the launch to repeat, γ's tensor or
+_GAMMA_AS_IS, the output's shape, the kept states' shape or None), as :data:`_DECODE_STEPS`."""
 
 
 VARLEN_NATIVE = ("lightning_attention", "block_based")
@@ -339,9 +438,6 @@ def _varlen_by_sequence(p, twin) -> None:
             final.zero_()
         if p.state is not None and slot >= 0:
             p.state[slot:slot + 1].copy_(final)
-
-
-_CHECKED_TOKEN_SIGNATURES: set = set()
 
 
 def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token: bool) -> None:

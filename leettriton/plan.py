@@ -21,7 +21,8 @@ from .autotune.families import Family, current_family, is_interpreting
 from .methods import Plan
 from .problem import Problem
 
-__all__ = ["Plan", "resolve", "run_problem", "choose", "fallback", "load_heuristics", "clear_plans"]
+__all__ = ["Plan", "resolve", "run_problem", "choose", "fallback", "load_heuristics", "clear_plans", "known_call",
+           "remember_call"]
 
 _DTYPE_NAMES = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
 _PLANS: dict[tuple, Plan] = {}
@@ -105,6 +106,26 @@ def resolve(p: Problem, name: str, configs: Optional[Mapping] = None) -> Plan:
 def clear_plans() -> None:
     """Forget every cached plan (the next call of each shape resolves its plan again)."""
     _PLANS.clear()
+    _CALLS.clear()
+
+
+_CALLS: dict = {}
+
+
+def known_call(key):
+    """What :func:`remember_call` kept for a call signature ``key`` (None if nothing, or if the heuristics
+    in use changed since): the public functions' fast path (docs/design.md §4.5).  Forgotten with the plans."""
+    hit = _CALLS.get(key)
+    if hit is not None and hit[0] == _heuristics.generation():
+        return hit[1]
+    return None
+
+
+def remember_call(key, entry) -> None:
+    """Keep ``entry`` for the calls of signature ``key`` (a public function's; it holds a plan)."""
+    if len(_CALLS) >= _MAX_PLANS:
+        _CALLS.clear()
+    _CALLS[key] = (_heuristics.generation(), entry)
 
 
 def run_problem(p: Problem, method: str, config: Optional[Mapping] = None) -> None:

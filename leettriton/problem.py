@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 __all__ = [
-    "Problem", "make_problem", "check_tensor", "check_token_triple", "check_dims", "check_device", "resolve_gamma", "type_name",
+    "Problem", "make_problem", "check_tensor", "check_gamma_values", "check_token_triple", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
     "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed",
@@ -51,6 +52,9 @@ class Problem:
             or ``None`` when the caller did not ask for it.
         precision: ``"ieee"`` or ``"tf32"``: how float32 products are done
             (16-bit inputs always use tensor cores with float32 accumulation).
+        memo: None, or a dictionary shared by every call of one signature (shapes, strides, dtypes,
+            devices, flags, γ's kind, method: docs/design.md §4.5), where a launcher may keep what it
+            derives from those alone (its direct launches) for the next call of the signature.
     """
 
     b: torch.Tensor
@@ -61,12 +65,18 @@ class Problem:
     out: torch.Tensor
     state: Optional[torch.Tensor]
     precision: str
+    memo: Optional[dict] = field(default=None, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
-        """``(batch, heads, n, r, d)``."""
+        """``(batch, heads, n, r, d)`` (read once per b and v: a call's stages all ask for it)."""
+        known = self.__dict__.get("_shape")
+        if known is not None and known[0] is self.b and known[1] is self.v:
+            return known[2]
         B, H, n, r = self.b.shape
-        return B, H, n, r, self.v.shape[-1]
+        shape = B, H, n, r, self.v.shape[-1]
+        self.__dict__["_shape"] = (self.b, self.v, shape)
+        return shape
 
     @property
     def has_decay(self) -> bool:
@@ -215,12 +225,15 @@ class _CheckedTensors:
     (docs/design.md §2); for slot ids and sequence offsets the kernels clamp what they read
     (docs/design.md §13.3).  ``remember_unversioned``: whether a tensor without a version
     counter (an inference tensor) is remembered too (γ: yes, it is rarely rewritten; indices: no,
-    a server rewrites them every step).
+    a server rewrites them every step).  ``remember_cpu``: whether a CPU tensor is remembered under
+    the interpreter, whose kernels guard as the GPU's do (γ: yes); outside it a CPU tensor feeds the
+    PyTorch twins, which have no such guard, and is checked on every call.
     """
 
-    def __init__(self, remember_unversioned: bool = True) -> None:
+    def __init__(self, remember_unversioned: bool = True, remember_cpu: bool = False) -> None:
         self._seen: dict[int, tuple] = {}
         self._remember_unversioned = remember_unversioned
+        self._remember_cpu = remember_cpu
 
     @staticmethod
     def _version(g: torch.Tensor):
@@ -236,8 +249,8 @@ class _CheckedTensors:
                 and hit[3] == context)
 
     def remember(self, g: torch.Tensor, context=None) -> None:
-        if g.device.type == "cpu":
-            return  # cheap to check again on every call
+        if g.device.type == "cpu" and not (self._remember_cpu and _interpreting()):
+            return  # checked again on every call
         version = self._version(g)
         if version is None and not self._remember_unversioned:
             return
@@ -249,16 +262,31 @@ class _CheckedTensors:
         if self.seen(g):
             return
         flat = g.detach().reshape(-1)
-        # one device->host transfer for every check
-        bad_low, bad_high, bad_nan = torch.stack([(flat <= 0).any(), (flat > 1).any(), torch.isnan(flat).any()]).tolist()
-        if bad_nan or bad_low or bad_high:
+        if flat.device.type == "cpu":  # checked on every call: a few values, read in Python
+            values = flat.tolist()
+            good = not values or (0.0 < min(values) and max(values) <= 1.0 and not math.isnan(sum(values)))
+        else:  # one device->host transfer for every check
+            good = bool(((flat > 0) & (flat <= 1)).all())
+        if not good:
+            bad_nan, bad_low = bool(torch.isnan(flat).any()), bool((flat <= 0).any())
             what = "NaN" if bad_nan else ("≤ 0" if bad_low else "> 1")
             raise ValueError(f"gamma must hold values in (0, 1], got a value {what} in {type_name(g)}")
         self.remember(g)
 
 
-_CHECKED = _CheckedTensors()
+_CHECKED = _CheckedTensors(remember_cpu=True)
+
+
+def _interpreting() -> bool:
+    """Whether Triton's kernels run in the CPU interpreter (read where a check is remembered, not per call)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _FLOAT_GAMMAS: dict[tuple, torch.Tensor] = {}
+
+
+def check_gamma_values(gamma: torch.Tensor) -> None:
+    """γ's values in (0, 1] (no NaN), for a tensor whose shape, dtype and device passed
+    :func:`resolve_gamma`: one device sync on CUDA, once per tensor version (docs/design.md §2.6)."""
+    _CHECKED.check(gamma)
 
 
 def _float_gamma(g: float, heads: int, device: torch.device) -> torch.Tensor:
@@ -272,10 +300,11 @@ def _float_gamma(g: float, heads: int, device: torch.device) -> torch.Tensor:
     return hit
 
 
-def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint: str = "") -> Optional[torch.Tensor]:
+def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint="") -> Optional[torch.Tensor]:
     """Validate ``gamma`` and return the ``(heads,)`` tensor the kernels read, or None for no decay.
 
-    ``layout_hint`` is added to a shape error when the inputs' shapes would fit the other layout.
+    ``layout_hint`` (a str, or a function that returns one, called only for the message) is added to a
+    shape error when the inputs' shapes would fit the other layout.
     """
     if gamma is None:
         return None
@@ -286,8 +315,9 @@ def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint: str = ""
         if not gamma.is_floating_point():
             raise TypeError(f"gamma must be a floating-point tensor, got dtype {gamma.dtype}")
         if tuple(gamma.shape) not in ((heads,), (heads, 1)):
+            hint = layout_hint() if callable(layout_hint) else layout_hint
             raise ValueError(f"gamma must have shape ({heads},) or ({heads}, 1) (one γ per head), "
-                             f"got shape {tuple(gamma.shape)}{layout_hint}")
+                             f"got shape {tuple(gamma.shape)}{hint}")
         if gamma.device != device:
             raise ValueError(f"gamma must be on the inputs' device {device}, got {gamma.device}")
         _CHECKED.check(gamma)
@@ -303,7 +333,7 @@ def resolve_gamma(gamma, heads: int, device: torch.device, layout_hint: str = ""
 # --------------------------------------------------------------------------- indices (docs/design.md §13.3)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-_CHECKED_INDICES = _CheckedTensors(remember_unversioned=False)
+_CHECKED_INDICES = _CheckedTensors(remember_unversioned=False, remember_cpu=True)
 
 
 def check_index(name: str, x, length: Optional[int], device: torch.device, what: str) -> torch.Tensor:
@@ -491,6 +521,45 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     problem's ``out`` is a view of it).  Raises ``TypeError``/``ValueError`` for
     bad input, naming the argument, what was expected and what was given.
     """
+    # the checks of the tensors and options run once per signature: exactly what they read
+    try:
+        signature = (where, device_types, layout, type(b), type(c), type(v), b.shape, c.shape, v.shape, b.dtype,
+                     c.dtype, v.dtype, b.device, c.device, v.device, type(return_state), return_state,
+                     type(precision), precision, None if initial_state is None else
+                     (type(initial_state), initial_state.shape, initial_state.dtype, initial_state.device))
+        checked = signature in _CHECKED_SIGNATURES
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: the checks say what
+        signature, checked = None, False
+    if not checked:
+        _check_options(b, c, v, layout, return_state, precision, device_types)
+    check_constant_gamma(gamma)
+    if not differentiable:
+        check_autograd(where, b, c, v, initial_state)
+    if not checked:
+        _check_shapes(b, c, v, layout, initial_state, where)
+        if signature is not None:
+            if len(_CHECKED_SIGNATURES) >= 4096:
+                _CHECKED_SIGNATURES.clear()
+            _CHECKED_SIGNATURES.add(signature)
+
+    bb, cc, vv = to_bhnd(b, layout), to_bhnd(c, layout), to_bhnd(v, layout)
+    B, H, n, r = bb.shape
+    d = vv.shape[-1]
+    device = v.device
+    gamma_h = resolve_gamma(gamma, H, device, lambda: _other_layout_hint(layout, b, gamma))
+
+    out_shape = (B, H, n, d) if layout == "bhnd" else (B, n, H, d)
+    out_user = new_empty(out_shape, v.dtype, device)
+    state = new_empty((B, H, r, d), torch.float32, device) if return_state else None
+    problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee")
+    return problem, out_user
+
+
+_CHECKED_SIGNATURES: set = set()
+
+
+def _check_options(b, c, v, layout, return_state, precision, device_types) -> None:
+    """make_problem's checks of the tensors' types, ranks, dtypes and devices and of the options."""
     b = check_tensor("b", b, device_types)
     c = check_tensor("c", c, device_types)
     v = check_tensor("v", v, device_types)
@@ -507,10 +576,11 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be None, 'ieee' or 'tf32', got {precision!r}")
     check_bool("return_state", return_state)
-    check_constant_gamma(gamma)
-    if not differentiable:
-        check_autograd(where, b, c, v, initial_state)
 
+
+def _check_shapes(b, c, v, layout, initial_state, where: str) -> None:
+    """make_problem's checks of the shapes and of the initial state (after the autograd guard)."""
+    dims = "(batch, heads, n, dim)" if layout == "bhnd" else "(batch, n, heads, dim)"
     bb, cc, vv = to_bhnd(b, layout), to_bhnd(c, layout), to_bhnd(v, layout)
     B, H, n, r = bb.shape
     if tuple(cc.shape) != (B, H, n, r):
@@ -525,10 +595,3 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     if initial_state is not None:
         check_state("initial_state", initial_state, (B, H, r, d), device, optional=True)
 
-    gamma_h = resolve_gamma(gamma, H, device, _other_layout_hint(layout, b, gamma))
-
-    out_shape = (B, H, n, d) if layout == "bhnd" else (B, n, H, d)
-    out_user = new_empty(out_shape, v.dtype, device)
-    state = new_empty((B, H, r, d), torch.float32, device) if return_state else None
-    problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee")
-    return problem, out_user

@@ -14,7 +14,9 @@ the launch arguments, and Triton's launcher for each kernel.  This measures it.
 * ``--device cpu``: the Triton kernels' launches are replaced by a stub that evaluates
   the grid and returns, on the family given by ``--family`` with its heuristic file,
   so the figure is leettriton's Python alone (validation, dispatch, configs, arguments),
-  without Triton's launcher.  Runs anywhere; sets ``TRITON_INTERPRET=1`` itself.
+  without Triton's launcher.  Kernels launched through ``CompiledLaunches`` take their
+  compiled path (docs/design.md §4.5) with a stub for the compiled kernel's launcher (and
+  device 0, stream 0), as on the GPU.  Runs anywhere; sets ``TRITON_INTERPRET=1`` itself.
 * ``--backward``: per method, the host time of the forward with inputs that require grad
   (the autograd node) and of its backward, ``torch.autograd.grad(o, (b, c, v), do)``:
   three calls of the operator and the reversed copies of docs/design.md §10.3.  With
@@ -43,18 +45,42 @@ def _stub_launches(family_name: str) -> None:
 
     first: dict = {}
 
+    class Compiled:
+        """What a compiled kernel offers a direct launch; its launcher does nothing."""
+        function, packed_metadata = 0, (4, 1, 0)
+
+        def run(self, *args):
+            return None
+
+        def launch_metadata(self, *args):
+            return None
+
+    compiled = Compiled()
+
     def stub(kernel, grid, config, **args):
         # what launch() does before Triton's launcher; an autotuned launch (config None) would
-        # look its key up in Triton's autotuner, which is not measured here
+        # look its key up in Triton's autotuner, which is not measured here: the family's first
+        # config is the autotuner's choice (and stays in its cache, as a tuned choice does)
         if config is not None and not configs._fits(kernel.space, config, args):
             config = configs._replace_misfit(kernel.space, config, args)  # as launch() does
         if config is None:
             if kernel.space.name not in first:
-                first[kernel.space.name] = kernel.space.usable(family, args)[0]
-            config = first[kernel.space.name]
-        return grid(dict(config)) if callable(grid) else grid
+                first[kernel.space.name] = configs._to_triton(kernel.space.usable(family, args)[0])
+            kernel.best_config = first[kernel.space.name]
+            kernel.cache["stub"] = kernel.best_config
+            config = configs.config_dict(kernel.best_config)
+        grid(dict(config)) if callable(grid) else grid
+        return compiled
 
     import leettriton  # noqa: F401  (every module that launches a kernel is imported with the package)
+
+    # launches kept by CompiledLaunches take the compiled path (docs/design.md §4.5), with the stub's kernel
+    if hasattr(configs, "ALL_COMPILED_LAUNCHES"):   # (a tree from before it goes through launch() instead)
+        configs.COMPILED_DEVICE = "cpu"
+        configs._current_device = lambda: 0
+        configs._current_stream = lambda device: 0
+        for launches in configs.ALL_COMPILED_LAUNCHES:
+            launches.interpreted = False
 
     real_launch, real_family = configs.launch, families.current_family
     for name, mod in list(sys.modules.items()):
@@ -75,6 +101,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--n", type=int, default=None, help="sequence length (default: cuda 64, cpu 8192)")
     ap.add_argument("--heads", type=int, default=None, help="heads (default: cuda 1, cpu 32)")
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=1, help="time the calls this many times and report the "
+                    "fastest (a machine shared with other work)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--backward", action="store_true", help="time the backward of a training step instead "
                     "(forward with the autograd node, then the gradients of b, c, v)")
@@ -107,9 +135,10 @@ def main(argv=None) -> list[dict]:
         for method in opts.methods:
             if method == "decode_step":   # one token at batch 1: b_t, c_t (1, heads, 128), v_t (1, heads, 128)
                 state = torch.zeros(1, heads, 128, 128, device=device)
+                b_t, c_t, v_t = b[:, :, 0], c[:, :, 0], v[:, :, 0]   # sliced once: the step's time alone
 
                 def call():
-                    return leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
+                    return leettriton.decode_step(b_t, c_t, v_t, state, gamma)
             else:
                 def call():
                     return leettriton.linear_attention(b, c, v, gamma, method=method)
@@ -118,12 +147,15 @@ def main(argv=None) -> list[dict]:
                 call()
             if device == "cuda":
                 torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(opts.calls):
-                call()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            us = (time.perf_counter() - start) / opts.calls * 1e6
+            blocks = []
+            for _ in range(opts.repeat):
+                start = time.perf_counter()
+                for _ in range(opts.calls):
+                    call()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                blocks.append((time.perf_counter() - start) / opts.calls * 1e6)
+            us = min(blocks)
             rows.append(dict(method=method, us_per_call=us))
             print(f"  {method:<20} {us:7.1f} µs", flush=True)
             if opts.profile:

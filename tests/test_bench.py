@@ -471,7 +471,7 @@ def _script(name):
     return mod
 
 
-@pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion"])
+@pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])
     jpath = tmp_path / "cpu" / f"{name}.quick.json"

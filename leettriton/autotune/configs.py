@@ -18,7 +18,9 @@ every config explicitly instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import operator
 import os
 import threading
 import warnings
@@ -213,10 +215,15 @@ def recording():
     log: list[tuple[Any, dict]] = []
     previous = getattr(_launch_log, "log", None)
     _launch_log.log = log
+    _RECORDERS.append(log)
     try:
         yield log
     finally:
         _launch_log.log = previous
+        _RECORDERS.remove(log)
+
+
+_RECORDERS: list = []  # the logs of every thread's recording() blocks: a direct launch checks for none first
 
 
 class PinnedConfigWarning(UserWarning):
@@ -309,51 +316,188 @@ def chosen_config(kernel) -> dict[str, int] | None:
     return None if best is None else config_dict(best)
 
 
+_DATA_PTR = torch.Tensor.data_ptr
+# The current device (Triton launches on it) and its current stream, as Triton's own launch path reads them;
+# looked up on first use (a CPU build of torch has neither).  perf/host_overhead.py replaces both, and
+# COMPILED_DEVICE, to run the compiled launch path with Triton's launcher stubbed out.
+COMPILED_DEVICE = "cuda"
+
+
+def _current_device() -> int:
+    global _current_device
+    _current_device = torch._C._cuda_getDevice  # from now on the function itself, not this frame
+    return _current_device()
+
+
+def _current_stream(device: int) -> int:
+    global _current_stream
+    _current_stream = torch._C._cuda_getCurrentRawStream
+    return _current_stream(device)
+
+
+_reduce, _or = functools.reduce, operator.or_
+
+
+def _live(hook):
+    """A launch hook Triton would call, or None: Triton's hooks are chains that may hold nothing."""
+    return hook if hook is not None and getattr(hook, "calls", True) else None
+
+
+class Launch:
+    """One key's launch, everything but the tensors fixed: the compiled kernel and its grid, and every
+    other argument in the kernel's order (docs/design.md §4.5).
+
+    Calling it with the tensors (in the order of :attr:`CompiledLaunches.pointers`) launches and returns
+    True, or returns False, launching nothing, when the fixed parts do not hold for this call: another
+    current device, a tensor not 16-byte aligned, an autotuned choice the autotuner no longer holds, or a
+    launch recorder listening (the caller then launches through :meth:`CompiledLaunches.launch`).  Under
+    the interpreter (``run`` None) the same fixed arguments go through :func:`launch`, so the key and the
+    argument tuple are exercised on the CPU too.
+    """
+
+    __slots__ = ("kernel", "names", "take", "fixed", "config", "grid", "device", "run", "function", "packed",
+                 "compiled", "tuned", "tuned_key")
+
+    def __init__(self, owner: "CompiledLaunches", args: Mapping[str, Any], grid, config, compiled=None,
+                 device=None, tuned=None) -> None:
+        self.kernel = owner.kernel
+        self.config = config
+        self.compiled = compiled
+        self.device = device
+        pointers = {name: i for i, name in enumerate(owner.pointers)}
+        if compiled is None:  # the interpreter: launch() takes the named arguments and the config
+            self.names = tuple(name for name in owner.arg_names if name in args)
+            self.grid = grid
+            self.run = self.function = self.packed = None
+        else:  # the compiled launcher takes every argument in order, the config's meta-parameters included
+            meta = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+            self.names = owner.arg_names
+            args = {**args, **meta}
+            grid_now = tuple(grid(meta) if callable(grid) else grid)
+            self.grid = grid_now + (1,) * (3 - len(grid_now))
+            self.run, self.function, self.packed = compiled.run, compiled.function, compiled.packed_metadata
+        others = [name for name in self.names if name not in pointers]
+        self.fixed = tuple(args[name] for name in others)
+        where = {name: len(pointers) + i for i, name in enumerate(others)}
+        where.update(pointers)
+        self.take = operator.itemgetter(*(where[name] for name in self.names))
+        self.tuned, self.tuned_key = tuned, None
+        if tuned is not None:  # the autotuner's key of this choice: it is reused while the autotuner holds it
+            self.tuned_key = next((k for k, c in self.kernel.cache.items() if c is tuned), None)
+
+    def __call__(self, tensors: tuple) -> bool:
+        if self.run is None:
+            launch(self.kernel, self.grid, self.config, **dict(zip(self.names, self.take(tensors + self.fixed))))
+            return True
+        if _RECORDERS and getattr(_launch_log, "log", None) is not None:
+            return False
+        tuned = self.tuned
+        if tuned is not None:
+            if self.kernel.cache.get(self.tuned_key) is not tuned:
+                return False
+            self.kernel.best_config = tuned  # as Triton's autotuner says which config ran
+        device = _current_device()
+        if device != self.device:
+            return False
+        ptrs = tuple(map(_DATA_PTR, tensors))
+        if _reduce(_or, ptrs) & 15:
+            return False  # compiled for 16-byte aligned pointers; this call's are not all aligned
+        stream = _current_stream(device)
+        values = self.take(ptrs + self.fixed)
+        runtime = knobs.runtime
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        g0, g1, g2 = self.grid
+        metadata = None
+        if enter is not None or leave is not None:
+            enter, leave = _live(enter), _live(leave)
+            if enter is not None or leave is not None:
+                metadata = self.compiled.launch_metadata(self.grid, stream, *values)
+        self.run(g0, g1, g2, stream, self.function, self.packed, metadata, enter, leave, *values)
+        return True
+
+
+ALL_COMPILED_LAUNCHES: list["CompiledLaunches"] = []
+
+
 class CompiledLaunches:
     """The compiled kernels of one autotuned kernel by a caller's specialisation key, launched directly.
 
     A launch through Triton's ``JITFunction.run`` binds and specialises every argument, hashes the
     result and looks the compiled kernel up again on every call: tens of microseconds of host time,
-    more than a one-token decode step takes on the GPU.  A caller that can name, in one hashable key,
-    everything Triton specialises a kernel on -- each tensor's dtype and 16-byte alignment, the value
-    of each specialised integer (sizes, strides), the flags -- and everything the config choice depends
-    on (the autotune key), launches the first call of each key through :func:`launch` (autotuning or
-    pinned config, compile), keeps the compiled kernel, its config and its grid, and launches every later
-    call of the key straight through the compiled kernel's launcher, on the current device's current
-    stream (docs/design.md §4.5).  The key must also fix the grid.  Under the interpreter there is
-    nothing compiled: every call goes through :func:`launch`.
+    more than a one-token decode step takes on the GPU.  A caller that names, in one hashable key,
+    everything Triton specialises a kernel on -- each tensor's dtype, the value of each specialised
+    integer (sizes, strides), the flags -- and everything the config choice depends on (the autotune key,
+    the pinned config), launches the first call of each key through :func:`launch` (autotuning or pinned
+    config, compile) and keeps a :class:`Launch`: the compiled kernel, its grid and every argument but
+    the tensors.  Later calls of the key call the Launch with the tensors alone (16-byte alignment, the
+    one property of a tensor Triton specialises on besides its dtype, is checked there), straight
+    through the compiled kernel's launcher on the current device's current stream (docs/design.md §4.5).
+    The key must also fix the grid.  :meth:`key` is such a key for any launch: every argument but the
+    tensors by value, the tensors by dtype.
+
+    ``pointers`` names the kernel's tensor arguments, in the order a Launch takes them.  Under the
+    interpreter the Launch goes through :func:`launch` with its fixed arguments (so the same key and
+    argument logic runs on the CPU); tensors on another device (the ``meta`` device of the launch
+    recorder) always go through :func:`launch`.
     """
 
-    def __init__(self, kernel) -> None:
+    MAX_LAUNCHES = 4096
+
+    def __init__(self, kernel, pointers: Sequence[str]) -> None:
         self.kernel = kernel
         self.arg_names = tuple(kernel.fn.arg_names)
-        self.compiled: dict[Any, tuple] = {}
+        self.pointers = tuple(pointers)
+        meta = {k for k in kernel.space.cpu if k not in ("num_warps", "num_stages")}
+        self.by_value = tuple(n for n in self.arg_names if n not in self.pointers and n not in meta)
+        self.launches: dict[Any, Launch] = {}
         # Triton chose the interpreter or the compiler when the kernel was decorated: that cannot change
         self.interpreted = is_interpreting()
+        ALL_COMPILED_LAUNCHES.append(self)
 
-    def launch(self, key, grid, config: ConfigDict | None, args: dict, device: torch.device) -> None:
+    def key(self, config: ConfigDict | None, args: Mapping[str, Any], grid_key=None) -> tuple:
+        """A key that holds everything a launch with named arguments ``args`` and ``config`` depends on:
+        the config, every argument but the tensors by value (sizes, strides, flags: what Triton
+        specialises on, and more), the tensors by dtype (their alignment is checked by the Launch), and
+        ``grid_key``: whatever else the grid reads (a batch size the kernel does not take, say)."""
+        return (None if config is None else tuple(config.items()), tuple([args[n] for n in self.by_value]),
+                tuple([args[n].dtype for n in self.pointers]), grid_key)
+
+    def launch_args(self, grid, config: ConfigDict | None, args: dict, grid_key=None) -> Launch | None:
+        """:meth:`launch` with the key :meth:`key` gives; the device is that of ``v_ptr`` (the inputs')."""
+        key = (None if config is None else tuple(config.items()), tuple([args[n] for n in self.by_value]),
+               tuple([args[n].dtype for n in self.pointers]), grid_key)
+        return self.launch(key, grid, config, args, args["v_ptr"].device)
+
+    def launch(self, key, grid, config: ConfigDict | None, args: dict, device: torch.device) -> Launch | None:
         """Launch with named arguments ``args`` (no config entries) on tensors of ``device``; ``grid(meta)``
-        as for :func:`launch`.  Tensors that are not on a CUDA device (the ``meta`` device of the launch
-        recorder) go through :func:`launch`, as under the interpreter."""
-        if self.interpreted or device.type != "cuda":
+        as for :func:`launch`.  Returns the Launch later calls of ``key`` may make directly (None when
+        there is none: tensors off CUDA outside the interpreter, pointers not 16-byte aligned)."""
+        tensors = tuple([args[name] for name in self.pointers])
+        if self.interpreted:
+            where = key
+        elif device.type != COMPILED_DEVICE:
             launch(self.kernel, grid, config, **args)
-            return
-        device = torch._C._cuda_getDevice()  # the current device, which Triton launches on (CUDA is up)
-        hit = self.compiled.get((device, key))
-        if hit is None:
-            if config is not None and not _fits(self.kernel.space, config, args):
-                config = _replace_misfit(self.kernel.space, config, args)
+            return None
+        else:
+            where = (_current_device(), key)
+        hit = self.launches.get(where)
+        if hit is not None and hit(tensors):
+            return hit
+        if config is not None and not _fits(self.kernel.space, config, args):
+            config = _replace_misfit(self.kernel.space, config, args)
+        if self.interpreted:
+            entry = Launch(self, args, grid, config)
+            entry(tensors)
+        else:
             kernel = launch(self.kernel, grid, config, **args)
+            tuned = None if config is not None else getattr(self.kernel, "best_config", None)
             ran = config if config is not None else chosen_config(self.kernel)
-            if kernel is not None and ran is not None and hasattr(kernel, "run"):
-                meta = {k: v for k, v in ran.items() if k not in ("num_warps", "num_stages")}
-                grid_now = tuple(grid(meta) if callable(grid) else grid)
-                self.compiled[(device, key)] = (kernel, meta, grid_now + (1,) * (3 - len(grid_now)))
-            return
-        kernel, meta, (g0, g1, g2) = hit
-        values = [args[name] if name in args else meta[name] for name in self.arg_names]
-        runtime = knobs.runtime
-        stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's own launch path uses
-        metadata = None if runtime.launch_enter_hook is None else kernel.launch_metadata((g0, g1, g2), stream, *values)
-        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, metadata,
-                   runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
+            aligned = not any(_DATA_PTR(x) & 15 for x in tensors)
+            hooked = tuned is not None and tuned.pre_hook is not None  # a hook Triton runs before each launch
+            if kernel is None or ran is None or not hasattr(kernel, "run") or not aligned or hooked:
+                return None
+            entry = Launch(self, args, grid, ran, kernel, where[0], tuned)
+        if len(self.launches) >= self.MAX_LAUNCHES:
+            self.launches.clear()
+        self.launches[where] = entry
+        return entry

@@ -19,7 +19,7 @@ large ones wide tiles.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 import triton
@@ -143,9 +143,10 @@ def _decode_tokens_kernel(
         tl.debug_barrier()
 
 
-_LAUNCHES = CompiledLaunches(_decode_step_kernel)
-"""decode_step's compiled kernels by shape, strides and alignment: one token is launched straight
-through the compiled kernel (its host time is the hot loop of generation)."""
+_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "st_ptr")
+_LAUNCHES = CompiledLaunches(_decode_step_kernel, _POINTERS)
+"""decode_step's launches by shape, strides and dtypes: one token is launched straight through the
+compiled kernel (its host time is the hot loop of generation)."""
 
 
 def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
@@ -157,6 +158,18 @@ def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
         new += state
     state.copy_(new)
     out.copy_((b_t.double().unsqueeze(-2) @ new).squeeze(-2))
+
+
+class _TorchStep:
+    """The repeatable step of CPU tensors outside the interpreter: the PyTorch step, called as a Launch is."""
+
+    def __init__(self, has_decay: bool) -> None:
+        self.has_decay = has_decay
+
+    def __call__(self, tensors) -> bool:
+        b_t, c_t, v_t, out, gamma, state = tensors
+        _decode_step_torch(b_t, c_t, v_t, state, gamma if self.has_decay else None, out)
+        return True
 
 
 def decode_args(b_t, c_t, v_t, state, gamma, out) -> dict:
@@ -173,29 +186,30 @@ def decode_args(b_t, c_t, v_t, state, gamma, out) -> dict:
 
 def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, state: torch.Tensor,
                      gamma: Optional[torch.Tensor], out: torch.Tensor,
-                     config: Optional[Mapping] = None) -> None:
+                     config: Optional[Mapping] = None) -> Optional[Callable[[tuple], bool]]:
     """Launch the decode step (inputs validated by :func:`leettriton.decode_step`).
 
     b_t, c_t: ``(B, H, r)``; v_t: ``(B, H, d)``; state: float32 ``(B, H, r, d)``,
     updated in place; gamma: ``(H,)`` contiguous, any float dtype, or None; out: ``(B, H, d)``.
     ``config`` maps the kernel's space name to a config dict (None: autotune).
+
+    Returns what repeats this launch for tensors of the same shapes, strides, dtypes and device (and
+    a γ of the same kind): called with ``(b_t, c_t, v_t, out, gamma or out, state)`` it launches and
+    returns True, or returns False and launches nothing, when this call must go through
+    ``decode_step_impl`` again (docs/design.md §4.5).  None when there is nothing to repeat.
     """
     if state.device.type == "cpu" and not is_interpreting():
         _decode_step_torch(b_t, c_t, v_t, state, gamma, out)
-        return
+        return _TorchStep(gamma is not None)
     args = decode_args(b_t, c_t, v_t, state, gamma, out)
     d, bh = v_t.shape[-1], v_t.shape[0] * v_t.shape[1]
     grid = lambda meta: (cdiv(d, meta["BV"]) * bh,)  # noqa: E731
     pinned = (config or {}).get(spaces.STEP.name)
-    # everything the compiled kernel and its config depend on: sizes, strides, dtypes, 16-byte alignment
-    tensors = (b_t, c_t, v_t, out, args["gamma_ptr"], state)
-    key = (bh, args["H"], args["R"], d, args["b_strides"], args["c_strides"], args["v_strides"], args["o_strides"],
-           args["st_strides"], v_t.dtype, None if gamma is None else gamma.dtype,
-           tuple(x.data_ptr() % 16 == 0 for x in tensors), None if pinned is None else tuple(sorted(pinned.items())))
-    _LAUNCHES.launch(key, grid, pinned, args, state.device)
+    # every argument but the tensors by value, the tensors by dtype, the config, and the grid's batch·heads
+    return _LAUNCHES.launch(_LAUNCHES.key(pinned, args, bh), grid, pinned, args, state.device)
 
 
-_TOKEN_LAUNCHES = CompiledLaunches(_decode_tokens_kernel)
+_TOKEN_LAUNCHES = CompiledLaunches(_decode_tokens_kernel, _POINTERS + ("slot_ptr", "keep_ptr"))
 """The slotted / multi-token step's compiled kernels, launched directly as the one-token step's are."""
 
 
@@ -223,16 +237,19 @@ def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept) -> None:
 
 def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
                        gamma: Optional[torch.Tensor], out: torch.Tensor, slot_ids: Optional[torch.Tensor] = None,
-                       kept: Optional[torch.Tensor] = None, config: Optional[Mapping] = None) -> None:
+                       kept: Optional[torch.Tensor] = None,
+                       config: Optional[Mapping] = None) -> Optional[Callable[[tuple], bool]]:
     """Launch the k-token step (inputs validated by the public functions; docs/design.md §13.1).
 
     b, c: ``(B, H, k, r)``; v: ``(B, H, k, d)``; out: ``(B, H, k, d)``; state: float32, ``(B, H, r, d)``, or
     with ``slot_ids`` (``(B,)`` int32/int64) a pool ``(slots, H, r, d)``; updated in place.  ``kept``:
     float32 ``(B, H, k, r, d)`` that receives the state after each token, or None.
+    Returns what repeats the launch, as :func:`decode_step_impl` does; it takes
+    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state)``.
     """
     if state.device.type == "cpu" and not is_interpreting():
         _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept)
-        return
+        return _TorchTokens(gamma is not None, slot_ids is not None, kept is not None)
     B, H, K, r = b.shape
     d = v.shape[-1]
     keep = kept if kept is not None else state  # unused stand-in
@@ -246,9 +263,18 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
     )
     grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     pinned = (config or {}).get(spaces.TOKENS.name)
-    tensors = (b, c, v, out, args["gamma_ptr"], state, args["slot_ptr"], keep)
-    key = (B * H, H, r, d, args["b_strides"], args["c_strides"], args["v_strides"], args["o_strides"],
-           args["st_strides"], args["keep_strides"], v.dtype, None if gamma is None else gamma.dtype,
-           None if slot_ids is None else slot_ids.dtype, args["SLOTTED"], args["KEEP"],
-           tuple(x.data_ptr() % 16 == 0 for x in tensors), None if pinned is None else tuple(sorted(pinned.items())))
-    _TOKEN_LAUNCHES.launch(key, grid, pinned, args, state.device)
+    # every argument but the tensors by value, the tensors by dtype, the config, and the grid's batch·heads
+    return _TOKEN_LAUNCHES.launch(_TOKEN_LAUNCHES.key(pinned, args, B * H), grid, pinned, args, state.device)
+
+
+class _TorchTokens:
+    """The repeatable k-token step of CPU tensors outside the interpreter, called as a Launch is."""
+
+    def __init__(self, has_decay: bool, slotted: bool, keep: bool) -> None:
+        self.has_decay, self.slotted, self.keep = has_decay, slotted, keep
+
+    def __call__(self, tensors) -> bool:
+        b, c, v, out, gamma, state, slot_ids, kept = tensors
+        _decode_tokens_torch(b, c, v, state, gamma if self.has_decay else None, out,
+                             slot_ids if self.slotted else None, kept if self.keep else None)
+        return True

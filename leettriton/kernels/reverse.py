@@ -69,10 +69,11 @@ def _reverse_rows_kernel(
             _reverse_head_rows(src2_ptr, dst2_ptr, src2_strides, dst2_strides, i_b, i_h, o_n, N, DIM2, BD2)
 
 
-_LAUNCHES = CompiledLaunches(_reverse_rows_kernel)
-"""The reversal's compiled kernels by sizes, strides, dtypes and alignment: a backward's reversals are
-launched straight through the compiled kernel (their host time counts on short sequences)."""
-_MAX_COMPILED = 1024  # keys hold n: a run of many sequence lengths forgets old ones rather than grow
+_LAUNCHES = CompiledLaunches(_reverse_rows_kernel, ("src0_ptr", "dst0_ptr", "src1_ptr", "dst1_ptr", "src2_ptr",
+                                                     "dst2_ptr"))
+"""The reversal's compiled kernels by sizes, strides and dtypes: a backward's reversals are launched
+straight through the compiled kernel (their host time counts on short sequences); the keys hold n, so a
+run of many sequence lengths forgets old ones (``CompiledLaunches.MAX_LAUNCHES``) rather than grow."""
 
 
 def _check(tensors, layout: str) -> tuple[list[torch.Tensor], tuple[int, int, int]]:
@@ -160,8 +161,6 @@ def reverse_rows(tensors: Sequence[torch.Tensor], layout: str = "bhnd", config: 
     # everything the compiled kernel, its config and the grid depend on: sizes, strides, dtypes, alignment
     key = (bh, H, n, tuple(dims), tuple(x.dtype for x in views), tuple(key_strides), tuple(aligned),
            None if pinned is None else tuple(sorted(pinned.items())))
-    if len(_LAUNCHES.compiled) > _MAX_COMPILED:
-        _LAUNCHES.compiled.clear()
     _LAUNCHES.launch(key, grid, pinned, args, device)
     return outs
 

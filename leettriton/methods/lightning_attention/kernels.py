@@ -50,6 +50,7 @@ import triton.language as tl
 from ...problem import Problem, VarlenProblem
 from ..spec import Plan
 from ...autotune import KernelSpace, autotune, launch
+from ...autotune.configs import CompiledLaunches
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.pieces import in_r_pieces
@@ -315,22 +316,40 @@ def _chunk_walk_fwd_kernel(
                 _store_state(p_st, s3, st_strides[2], st_strides[3], 3 * BK + o_k, o_v, R, D)
 
 
-def chunk_walk_kernel(space: KernelSpace, **autotune_options):
+def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_options):
     """The chunk walk compiled as its own kernel, autotuned over ``space``.
 
     Each method that launches the walk gets its own instance (its own config
-    space, its own tuned choices), from the one body above.  ``autotune_options``
+    space, its own tuned choices), from the one body above; with ``compiled`` it launches through its
+    ``launches`` (:func:`launch_chunk_walk`).  ``autotune_options``
     go to the autotuner (the packed walk, which updates a state pool in place,
     restores it between trials).
     """
-    return autotune(space, key=KEY, **autotune_options)(
+    kernel = autotune(space, key=KEY, **autotune_options)(
         triton.jit(do_not_specialize=["N", "SEG", "NS", "NSLOTS"])(_chunk_walk_fwd_kernel))
+    if compiled:
+        kernel.launches = CompiledLaunches(kernel, WALK_POINTERS)
+    return kernel
+
+
+WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr", "cu_ptr", "slot_ptr",
+                 "init_ptr")
+"""The chunk walk's tensor arguments.  Each walk kernel launches through its ``launches``
+(:class:`~leettriton.autotune.configs.CompiledLaunches`): a shape, strides, dtypes, flags and config
+seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
+
+
+def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict):
+    """Launch a walk kernel through its compiled launches; returns the Launch that repeats it (or None).
+    Its key is every argument but the tensors by value (sizes, strides, segment counts, flags), the
+    tensors by dtype, the config, and the batch size the grid reads besides the arguments."""
+    return kernel.launches.launch_args(grid, config, args, batch)
 
 
 _lightning_attention_fwd_kernel = chunk_walk_kernel(spaces.FWD)
 # the packed walk reads its start states from a pool and writes the final states over them: every
 # autotuning trial must start from the same pool
-_varlen_walk_kernel = chunk_walk_kernel(spaces.VARLEN, restore_value=["st_ptr"])
+_varlen_walk_kernel = chunk_walk_kernel(spaces.VARLEN, compiled=False, restore_value=["st_ptr"])
 
 
 def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[Mapping], *, ws=None,
@@ -342,6 +361,19 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     the last segment's entry is not read): each program then sums its own start state and the
     last segment's programs write the final state.
     """
+    memo, mark = p.memo, (kernel, seg_len, prefix, ws is None, p.b.shape[-1])
+    if memo is not None:
+        # a call of a signature walked before: every argument but the tensors is what it was then (the
+        # memo's signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds:
+        # the segments, and r, which differs between pieces of r)
+        again = memo.get(mark)
+        if again is not None:
+            out = p.out
+            stand_in = out if ws is None else ws
+            if again((p.b, p.c, p.v, out, out if p.gamma is None else p.gamma,
+                      out if p.initial_state is None else p.initial_state, out if p.state is None else p.state,
+                      stand_in, stand_in, stand_in, stand_in)):
+                return
     B, H, n, r, d = p.shape
     args = problem_args(p)
     if ws is None:
@@ -354,9 +386,11 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             # the initial state there, and wrote the final state)
             args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
-    launch(kernel, grid, (config or {}).get(space.name), **args, ws_ptr=ws, SEG=seg_len, NS=ns,
-           cu_ptr=ws, slot_ptr=ws, init_ptr=ws, NSLOTS=0,
-           SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r))
+    args.update(ws_ptr=ws, SEG=seg_len, NS=ns, cu_ptr=ws, slot_ptr=ws, init_ptr=ws, NSLOTS=0, SEGMENTED=segmented,
+                PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r))
+    again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
+    if memo is not None and again is not None:
+        memo[mark] = again
 
 
 WALK_MAX_R = 256
@@ -385,6 +419,8 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping]) -> None:
     args = problem_args(p)
     stand_in = p.cu_seqlens
     grid = lambda meta: (cdiv(d, meta["BV"]) * seqs * H,)  # noqa: E731
+    # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
+    # on by value, change from call to call
     launch(_varlen_walk_kernel, grid, (config or {}).get(spaces.VARLEN.name), **args, ws_ptr=p.out, SEG=n, NS=seqs,
            cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
            init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,

@@ -1,0 +1,247 @@
+"""The per-signature fast paths of decode_step and linear_attention (docs/design.md §4.5).
+
+A call whose signature was validated and launched before repeats the launch it made: these tests change,
+between calls, everything such a repeat must not carry over -- strides, dtypes, γ's value, γ's tensor, the
+layout, the initial state -- and compare every call with the float64 oracle; a new signature must be
+validated again.  Under the interpreter the repeated launch goes through the same fixed argument tuple as on
+the GPU (only the final launcher differs), so a stale argument shows here as a wrong result.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import leettriton
+from leettriton import api
+from leettriton.autotune import configs
+from leettriton.kernels import decode
+from leettriton.methods.lightning_attention import kernels as walk
+from conftest import DEVICE
+from helpers import assert_close, tolerance
+
+B, H, R, D = 2, 3, 8, 12
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=DEVICE, dtype=dtype)
+
+
+def decode_oracle(b_t, c_t, v_t, state, gamma):
+    """One step from the float64 oracle: (o_t, new state)."""
+    o, s = leettriton.reference(b_t.unsqueeze(2), c_t.unsqueeze(2), v_t.unsqueeze(2), gamma, initial_state=state,
+                                return_state=True)
+    return o[:, :, 0], s
+
+
+def checked_step(b_t, c_t, v_t, state, gamma, what, tol=1e-5):
+    expect_o, expect_s = decode_oracle(b_t, c_t, v_t, state.clone(), gamma)
+    o_t, same = leettriton.decode_step(b_t, c_t, v_t, state, gamma)
+    assert same is state
+    assert_close(o_t, expect_o, tol, f"{what}: output")
+    assert_close(state, expect_s, tol, f"{what}: state")
+
+
+@pytest.fixture
+def count_checks(monkeypatch):
+    """How often decode_step ran its tensor checks (once per new signature)."""
+    calls = []
+    real = api._check_decode_step
+    monkeypatch.setattr(api, "_check_decode_step", lambda *a: (calls.append(1), real(*a))[1])
+    return calls
+
+
+def test_decode_repeats_only_what_the_signature_fixes(count_checks):
+    api._DECODE_STEPS.clear()
+    gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
+    state = rand(B, H, R, D, seed=1)
+    b_t, c_t, v_t = rand(B, H, R, seed=2), rand(B, H, R, seed=3), rand(B, H, D, seed=4)
+    checked_step(b_t, c_t, v_t, state, gamma, "first call")
+    checked_step(rand(B, H, R, seed=5), rand(B, H, R, seed=6), rand(B, H, D, seed=7), state, gamma, "same signature")
+    assert len(count_checks) == 1 and len(api._DECODE_STEPS) == 1    # the second call took the fast path
+    # the same shapes, other strides: b_t, c_t sliced from wider rows, v_t transposed storage, the state too
+    wide = rand(B, H, 2 * R, seed=8)
+    v_cols = rand(D, H, B, seed=9).permute(2, 1, 0)
+    state_t = state.transpose(-1, -2).contiguous().transpose(-1, -2)
+    checked_step(wide[..., :R], wide[..., R:], v_cols, state_t, gamma, "other strides")
+    assert len(count_checks) == 2
+    # γ written in place (same tensor, same shape): the kernel reads the new values
+    gamma.mul_(0.5)
+    checked_step(b_t, c_t, v_t, state, gamma, "γ written in place")
+    # another γ tensor of the same shape, dtype and device; a γ of another dtype; a float γ; no γ
+    checked_step(b_t, c_t, v_t, state, torch.tensor([0.3, 0.99, 0.7], device=DEVICE), "another γ tensor")
+    checked_step(b_t, c_t, v_t, state, gamma.to(torch.float64), "a float64 γ")
+    checked_step(b_t, c_t, v_t, state, 0.75, "float γ")
+    checked_step(b_t, c_t, v_t, state, 0.25, "another float γ")
+    checked_step(b_t, c_t, v_t, state, None, "no γ")
+    checked_step(b_t, c_t, v_t, state, None, "no γ again")
+    checked_step(b_t, c_t, v_t, state, 0.75, "the first float γ again")
+    # another dtype of the inputs, same shapes
+    checked_step(b_t.half(), c_t.half(), v_t.half(), state, gamma, "float16 inputs", tol=tolerance(torch.float16))
+
+
+def test_decode_fast_path_still_checks_gamma_values_and_new_signatures():
+    gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
+    state = rand(B, H, R, D, seed=1)
+    b_t, c_t, v_t = rand(B, H, R, seed=2), rand(B, H, R, seed=3), rand(B, H, D, seed=4)
+    leettriton.decode_step(b_t, c_t, v_t, state, gamma)
+    leettriton.decode_step(b_t, c_t, v_t, state, gamma)  # the signature is known now
+    before = state.clone()
+    gamma[1] = 1.5  # written in place: a new version, checked again before any work
+    with pytest.raises(ValueError, match="gamma must hold values in"):
+        leettriton.decode_step(b_t, c_t, v_t, state, gamma)
+    with pytest.raises(ValueError, match="gamma must hold values in"):  # a new tensor of the known signature
+        leettriton.decode_step(b_t, c_t, v_t, state, torch.tensor([0.5, float("nan"), 0.5], device=DEVICE))
+    with pytest.raises(ValueError, match="gamma must lie in"):
+        leettriton.decode_step(b_t, c_t, v_t, state, 1.5)
+    with pytest.raises(TypeError, match="gamma must be None, a float or a tensor"):
+        leettriton.decode_step(b_t, c_t, v_t, state, True)  # == 1.0 and hashes alike: its own signature
+    with pytest.raises(ValueError, match="state must have shape"):
+        leettriton.decode_step(b_t, c_t, v_t, state[:, :, :-1], 0.5)
+    with pytest.raises(TypeError, match="state must be float32"):
+        leettriton.decode_step(b_t, c_t, v_t, state.double(), 0.5)
+    with pytest.raises(RuntimeError, match="decode_step computes the forward pass only"):
+        leettriton.decode_step(b_t.requires_grad_(), c_t, v_t, state, 0.5)
+    assert torch.equal(state, before)  # no call that raised touched the state
+
+
+def attention_oracle(b, c, v, gamma, **kw):
+    return leettriton.reference(b, c, v, gamma, **kw)
+
+
+def checked_attention(b, c, v, gamma, what, tol=1e-5, **kw):
+    kw.setdefault("method", "lightning_attention")
+    method = kw.pop("method")
+    out = leettriton.linear_attention(b, c, v, gamma, method=method, **kw)
+    ref = attention_oracle(b, c, v, gamma, **{k: x for k, x in kw.items() if k != "precision"})
+    if kw.get("return_state"):
+        assert_close(out[0], ref[0], tol, f"{what}: output")
+        assert_close(out[1], ref[1], tol, f"{what}: state")
+    else:
+        assert_close(out, ref, tol, f"{what}: output")
+
+
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_linear_attention_repeats_only_what_the_signature_fixes(method):
+    n = 40
+    gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
+    b, c, v = rand(B, H, n, R, seed=1), rand(B, H, n, R, seed=2), rand(B, H, n, D, seed=3)
+    checked_attention(b, c, v, gamma, "first call", method=method)
+    checked_attention(rand(B, H, n, R, seed=4), c, v, gamma, "same signature", method=method)
+    # same shapes, other strides (and the bnhd layout of the same data)
+    bt = rand(B, n, H, R, seed=5).transpose(1, 2)
+    checked_attention(bt, c, v, gamma, "strided b", method=method)
+    checked_attention(b.transpose(1, 2), c.transpose(1, 2), v.transpose(1, 2), gamma, "bnhd", layout="bnhd",
+                      method=method)
+    gamma.mul_(0.5)
+    checked_attention(b, c, v, gamma, "γ written in place", method=method)
+    checked_attention(b, c, v, torch.tensor([0.2, 0.8, 0.99], device=DEVICE), "another γ tensor", method=method)
+    checked_attention(b, c, v, 0.6, "float γ", method=method)
+    checked_attention(b, c, v, 0.7, "another float γ", method=method)
+    checked_attention(b, c, v, None, "no γ", method=method)
+    checked_attention(b, c, v, None, "no γ again", method=method)
+    s0 = rand(B, H, R, D, seed=6)
+    checked_attention(b, c, v, gamma, "initial state", initial_state=s0, method=method)
+    checked_attention(b, c, v, gamma, "strided initial state", method=method,
+                      initial_state=s0.transpose(-1, -2).contiguous().transpose(-1, -2))
+    checked_attention(b, c, v, gamma, "returned state", return_state=True, method=method)
+    checked_attention(b.half(), c.half(), v.half(), gamma, "float16", tol=tolerance(torch.float16), method=method)
+    gamma[0] = 0.0
+    with pytest.raises(ValueError, match="gamma must hold values in"):
+        leettriton.linear_attention(b, c, v, gamma, method=method)
+    with pytest.raises(ValueError, match="c must have the shape of b"):
+        leettriton.linear_attention(b, c[:, :, :-1], v, 0.5, method=method)
+
+
+def test_every_kernel_argument_is_keyed_or_handed_over():
+    """A CompiledLaunches key holds every argument that is not a tensor by value, and each tensor by dtype:
+    no argument of the kernel is left out (a left-out one would be launched stale)."""
+    from leettriton.methods.block_based import kernels as block_based
+
+    for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, walk._lightning_attention_fwd_kernel.launches,
+                     block_based._block_based_fwd_kernel.launches):
+        meta = {k for k in launches.kernel.space.cpu if k not in ("num_warps", "num_stages")}
+        assert set(launches.by_value) | set(launches.pointers) | meta == set(launches.arg_names)
+        assert not set(launches.by_value) & set(launches.pointers)
+
+
+class _Compiled:
+    """A stand-in for a compiled kernel: its launcher records what it is given."""
+    function, packed_metadata = 7, (4, 1, 0)
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+    def launch_metadata(self, *args):
+        return None
+
+
+def test_a_direct_launch_hands_every_argument_in_order(monkeypatch):
+    """The compiled path's argument tuple: the grid, the stream, the tensors' addresses and every other
+    argument in the kernel's order; nothing launched for pointers not 16-byte aligned, another device or
+    while a recorder listens."""
+    monkeypatch.setattr(configs, "_current_device", lambda: 0)
+    monkeypatch.setattr(configs, "_current_stream", lambda device: 99)
+    state = torch.zeros(B, H, R, D)
+    b_t, c_t, v_t, out = torch.randn(B, H, R), torch.randn(B, H, R), torch.randn(B, H, D), torch.empty(B, H, D)
+    gamma = torch.full((H,), 0.5)
+    args = decode.decode_args(b_t, c_t, v_t, state, gamma, out)
+    config = dict(BK=16, BV=8, num_warps=2, num_stages=1)
+    compiled = _Compiled()
+    grid = lambda meta: (-(-D // meta["BV"]) * B * H,)  # noqa: E731
+    launch = configs.Launch(decode._LAUNCHES, args, grid, config, compiled, device=0)
+    tensors = (b_t, c_t, v_t, out, gamma, state)
+    assert launch(tensors)
+    (call,) = compiled.calls
+    assert call[:9] == (2 * B * H, 1, 1, 99, 7, (4, 1, 0), None, None, None)
+    expect = {**args, "BK": 16, "BV": 8, **{k: x.data_ptr() for k, x in zip(decode._POINTERS, tensors)}}
+    assert call[9:] == tuple(expect[name] for name in decode._LAUNCHES.arg_names)
+    odd = torch.randn(B * H * R + 1)[1:].view(B, H, R)  # 4 bytes past a 16-byte boundary
+    assert not launch((odd,) + tensors[1:])
+    monkeypatch.setattr(configs, "_current_device", lambda: 1)
+    assert not launch(tensors)
+    monkeypatch.setattr(configs, "_current_device", lambda: 0)
+    with configs.recording():
+        assert not launch(tensors)
+    assert len(compiled.calls) == 1
+
+
+def test_slotted_decode_repeats_only_what_the_signature_fixes():
+    """The slotted step's fast path: new slot ids (and their values) each call, a pool of other strides, γ in
+    place; the slot ids' values still checked per version, check_slots still a bool."""
+    api._TOKEN_STEPS.clear()
+    pool = rand(6, H, R, D, seed=1)
+    gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
+    b_t, c_t, v_t = rand(B, H, R, seed=2), rand(B, H, R, seed=3), rand(B, H, D, seed=4)
+
+    def checked(pool, slots, gamma, what):
+        rows = [int(i) for i in slots.tolist()]
+        expect_o, expect_s = decode_oracle(b_t, c_t, v_t, pool[rows].clone(), gamma)
+        untouched = [i for i in range(pool.shape[0]) if i not in rows]
+        before = pool[untouched].clone()
+        o_t, same = leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=slots)
+        assert same is pool
+        assert_close(o_t, expect_o, 1e-5, f"{what}: output")
+        assert_close(pool[rows], expect_s, 1e-5, f"{what}: updated slots")
+        assert torch.equal(pool[untouched], before), f"{what}: a slot no row names was written"
+
+    checked(pool, torch.tensor([4, 1], device=DEVICE), gamma, "first call")
+    checked(pool, torch.tensor([0, 5], device=DEVICE), gamma, "other slots, same signature")
+    assert len(api._TOKEN_STEPS) == 1
+    slots = torch.tensor([2, 3], device=DEVICE)
+    checked(pool, slots, gamma, "a third slot tensor")
+    slots[0] = 5                                            # in place: a new version, checked and read again
+    checked(pool, slots, gamma, "slot ids written in place")
+    gamma.mul_(0.5)
+    checked(pool, slots, gamma, "γ written in place")
+    wide = rand(6, H, D, R, seed=5).transpose(-1, -2)       # the same shape, other strides
+    checked(wide, slots, gamma, "a pool of other strides")
+    checked(pool, slots.to(torch.int32), gamma, "int32 slot ids")
+    slots[1] = 5
+    with pytest.raises(ValueError, match="slot_ids must not repeat a slot"):
+        leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=slots)
+    with pytest.raises(TypeError, match="check_slots must be a bool"):
+        leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=torch.tensor([0, 1], device=DEVICE),
+                               check_slots=1)

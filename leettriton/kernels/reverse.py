@@ -135,7 +135,7 @@ def reverse_rows(tensors: Sequence[torch.Tensor], layout: str = "bhnd", config: 
     device = tensors[0].device
     if device.type == "cpu" and not is_interpreting():
         axis = 2 if layout == "bhnd" else 1
-        return [x.flip(axis) for x in tensors]
+        return [x.flip(axis).contiguous() for x in tensors]   # flip keeps a permuted input's strides
     outs = [problem.new_empty(x.shape, x.dtype, device) for x in tensors]
     if B * H * n == 0:
         return outs

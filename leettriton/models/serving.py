@@ -429,7 +429,8 @@ class ContinuousBatchingGenerator:
 
 def _model(kind: str, gpu: bool, dtype: torch.dtype, device: torch.device, method: str):
     """A model with random weights: two layers of RetNet-1.3B / TransNormerLLM-7B on a GPU, tiny on CPU."""
-    from . import RetNetConfig, RetNetForCausalLM, TransNormerConfig, TransNormerForCausalLM
+    from .retnet import RetNetConfig, RetNetForCausalLM
+    from .transnormer import TransNormerConfig, TransNormerForCausalLM
     if kind == "retnet":
         config = (RetNetConfig(hidden_size=2048, num_heads=8, expand_k=1.0, expand_v=2.0, num_hidden_layers=2,
                                vocab_size=32000, attention_method=method) if gpu else

@@ -196,6 +196,19 @@ def rotary_torch(x: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tenso
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+@triton.jit
+def _row_positions(positions_ptr, o_row, i_token, m_row, offset, POSITIONS: tl.constexpr):
+    """Each row's position as float32: 0 the token's index + offset, 1 ``positions[token]``, 2 ``positions[0]``
+    for every row (rotary and LRPE alike)."""
+    if POSITIONS == 0:
+        b_pos = (i_token + offset).to(tl.float32)
+    elif POSITIONS == 1:
+        b_pos = tl.load(positions_ptr + i_token, mask=m_row, other=0).to(tl.float32)
+    else:
+        b_pos = tl.load(positions_ptr + o_row * 0, mask=m_row, other=0).to(tl.float32)
+    return b_pos
+
+
 @triton.jit(do_not_specialize=["rows", "seq_len", "offset", "x_batch_stride", "out_batch_stride"])
 def _rotary_kernel(x_ptr, out_ptr, inv_freq_ptr, positions_ptr, rows, seq_len, offset, scale,
                    x_batch_stride, x_token_stride, x_head_stride, out_batch_stride, out_token_stride,
@@ -211,12 +224,7 @@ def _rotary_kernel(x_ptr, out_ptr, inv_freq_ptr, positions_ptr, rows, seq_len, o
     m_row = o_row < rows
     m_tile = m_row[:, None] & (o_col < HALF)[None, :]
     i_batch, i_token = (o_row // seq_len).to(tl.int64), (o_row % seq_len).to(tl.int64)
-    if POSITIONS == 0:
-        b_pos = (i_token + offset).to(tl.float32)
-    elif POSITIONS == 1:
-        b_pos = tl.load(positions_ptr + i_token, mask=m_row, other=0).to(tl.float32)
-    else:
-        b_pos = tl.load(positions_ptr + o_row * 0, mask=m_row, other=0).to(tl.float32)
+    b_pos = _row_positions(positions_ptr, o_row, i_token, m_row, offset, POSITIONS)
     b_inv_freq = tl.load(inv_freq_ptr + o_col, mask=o_col < HALF, other=0.)
     b_angle = b_pos[:, None] * b_inv_freq[None, :]                                 # [BLOCK_ROWS, BLOCK_HALF]
     b_cos, b_sin = tl.cos(b_angle) * scale, tl.sin(b_angle) * scale
@@ -331,12 +339,7 @@ def _lrpe_kernel(x_ptr, out_ptr, theta_ptr, positions_ptr, rows, seq_len, offset
     m_row = o_row < rows
     m_tile = m_row[:, None] & (o_col < DIM)[None, :]
     i_batch, i_token = (o_row // seq_len).to(tl.int64), (o_row % seq_len).to(tl.int64)
-    if POSITIONS == 0:
-        b_pos = (i_token + offset).to(tl.float32)
-    elif POSITIONS == 1:
-        b_pos = tl.load(positions_ptr + i_token, mask=m_row, other=0).to(tl.float32)
-    else:
-        b_pos = tl.load(positions_ptr + o_row * 0, mask=m_row, other=0).to(tl.float32)
+    b_pos = _row_positions(positions_ptr, o_row, i_token, m_row, offset, POSITIONS)
     b_theta = tl.load(theta_ptr + i_head * theta_head_stride + o_col, mask=o_col < DIM, other=0.).to(tl.float32)
     b_angle = b_pos[:, None] * b_theta[None, :]                                    # [BLOCK_ROWS, BLOCK_DIM]
     b_x = tl.load(x_ptr + i_batch[:, None] * x_batch_stride + i_token[:, None] * x_token_stride

@@ -8,7 +8,9 @@ integers of metadata (docs/design.md §11):
    precision, γ checksum and slice length, so that ranks that disagree fail together, never hang;
 2. meanwhile it computes its slice's **local state** S_k = Σ_{t in slice} γ^(s_{k+1} − 1 − t) c_tᵀ v_t
    (rank 0 from ``initial_state``, every other rank from zero): a state-only pass that reads c and v
-   once and writes no output;
+   once and writes no output.  Where the slice's own call is ``block_based`` over several segments,
+   this pass computes the segments' local states, which that call needs anyway, and sums them: the
+   output pass then starts from them instead of reading c and v a second time (:func:`local_pass`);
 3. one all-gather of the local states; rank k's true start state is
    Σ_{j<k} γ^(s_k − s_{j+1}) S_j, and the final state Σ_j γ^(N − s_{j+1}) S_j, every factor an
    exp2(λ · distance) with distance ≥ 0 (§2.1);
@@ -25,7 +27,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -34,11 +36,13 @@ from .api import linear_attention as _single_device
 from .autograd import add_state_term, initial_state_grad, log2_gamma, output_grads
 from .autotune.families import current_family, is_interpreting
 from .kernels import segments
+from .methods.block_based.kernels import walk_segments
 from .methods.block_based.space import segment_length
-from .plan import run_problem
+from .methods.lightning_attention.kernels import WALK_MAX_R
+from .plan import resolve, run_problem
 from .problem import DTYPES, LAYOUTS, Problem, check_state, make_problem, requires_grad
 
-__all__ = ["linear_attention", "simulate", "combine_states", "combine_state_grads", "slice_state"]
+__all__ = ["linear_attention", "simulate", "combine_states", "combine_state_grads", "slice_state", "local_pass"]
 
 _WHERE = "leettriton.distributed.linear_attention"
 
@@ -135,19 +139,19 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     # 1. the metadata, gathered while this rank computes its local state
     rows = [torch.empty_like(meta) for _ in range(world)]
     meta_work = dist.all_gather(rows, meta, group=group, async_op=True)
-    local = slice_state(p, name) if error is None else None          # 2. the state-only pass
+    local, output_pass = local_pass(p, name) if error is None else (None, None)   # 2. the state-only pass
     meta_work.wait()
     lengths, differentiable = _check_agreement(torch.stack(rows).cpu().tolist(), error)   # the one host sync
 
     scan = _Scan(dist, group, comm, rank, lengths, p.shape, name, gamma, p.gamma, layout, precision, return_state)
     if not differentiable:
-        _states_and_output(scan, p, local)
+        _states_and_output(scan, p, local, output_pass)
         return (out, p.state) if return_state else out
     # every rank takes the node, those whose inputs need no gradient too (through the anchor), so that
     # every rank's backward joins the backward's all-gather
     anchor = torch.empty(0, device=p.v.device, requires_grad=True)
     return _SequenceParallelFunction.apply(b, c, v, initial_state, anchor, scan,
-                                           partial(_states_and_output, scan, p, local), (out, p.state))
+                                           partial(_states_and_output, scan, p, local, output_pass), (out, p.state))
 
 
 @dataclass(frozen=True)
@@ -168,22 +172,23 @@ class _Scan:
     return_state: bool
 
 
-def _states_and_output(scan: _Scan, p: Problem, local: torch.Tensor) -> Optional[torch.Tensor]:
+def _states_and_output(scan: _Scan, p: Problem, local: torch.Tensor,
+                       output_pass: Callable[[Optional[torch.Tensor]], None]) -> Optional[torch.Tensor]:
     """Steps 3 and 4: the all-gather of the local states (``local``: this rank's), then this rank's output
-    pass from its true start state (and the final state into ``p.state`` when asked).  Returns the start
-    state (None on rank 0 without an initial state)."""
+    pass from its true start state (``output_pass``, from :func:`local_pass`; the final state into
+    ``p.state`` when asked).  Returns the start state (None on rank 0 without an initial state)."""
     rank, world = scan.rank, len(scan.lengths)
     # 3. one all-gather of the local states: batch · heads · r · d float32 per rank
     states = [torch.empty_like(local, device=scan.comm) for _ in range(world)]
     state_work = scan.dist.all_gather(states, local.to(scan.comm), group=scan.group, async_op=True)
     if rank == 0:  # rank 0's start state is its own initial state: its output pass overlaps the gather
-        run_problem(replace(p, state=None), scan.name)
+        output_pass(p.initial_state)
     state_work.wait()
     gathered = torch.stack(states).to(p.v.device)
     start = p.initial_state
     if rank > 0:   # 4. the output pass from the true start state
         start = combine_states(gathered, scan.lengths, p.gamma, rank)
-        run_problem(replace(p, initial_state=start, state=None), scan.name)
+        output_pass(start)
     if p.state is not None:
         p.state.copy_(combine_states(gathered, scan.lengths, p.gamma, world))
     return start
@@ -275,10 +280,10 @@ def simulate(b, c, v, gamma=None, *, lengths: Sequence[int], method: str = "auto
         raise ValueError(f"lengths must be non-negative and add up to n = {p.shape[2]}, got {lengths}")
     starts = [sum(lengths[:k]) for k in range(len(lengths))]
     parts = [_rows(p, s, s + n, initial_state if k == 0 else None) for k, (s, n) in enumerate(zip(starts, lengths))]
-    states = torch.stack([slice_state(q, name) for q in parts])
-    for k, q in enumerate(parts):
-        start = q.initial_state if k == 0 else combine_states(states, lengths, p.gamma, k)
-        run_problem(replace(q, initial_state=start), name)
+    passes = [local_pass(q, name) for q in parts]
+    states = torch.stack([local for local, _ in passes])
+    for k, (q, (_, output_pass)) in enumerate(zip(parts, passes)):
+        output_pass(q.initial_state if k == 0 else combine_states(states, lengths, p.gamma, k))
     if return_state:
         p.state.copy_(combine_states(states, lengths, p.gamma, len(lengths)))
         return out, p.state
@@ -418,6 +423,52 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
     if p.initial_state is not None:
         total = 1.0 if p.gamma is None else torch.exp2(lam * n).float().view(1, H, 1, 1)
         state += total * p.initial_state
+    return state
+
+
+def local_pass(p: Problem, name: str = "auto") -> tuple[torch.Tensor, Callable[[Optional[torch.Tensor]], None]]:
+    """A slice's two passes: its local state now, its output later (docs/design.md §11.2).
+
+    Returns ``(state, output_pass)``: ``state`` as :func:`slice_state` gives it (from ``p.initial_state``),
+    and ``output_pass(start)``, which fills ``p.out`` with the slice's output from the start state
+    ``start`` (float32 ``(B, H, r, d)``, or None for zero) by ``name``.  Where ``name`` resolves to
+    ``block_based`` over several segments of the slice (on CUDA, or under the interpreter), the state
+    pass is the segments' local states (every segment's, the last's included) summed, and the output
+    pass walks the segments from those, so c and v are read twice in all, as in one call of the
+    method, not three times; ``output_pass`` then runs once (the scan of many segments rewrites the
+    local states in place).  Otherwise the state is :func:`slice_state`'s and the output pass is the
+    method's own call.
+    """
+    B, H, n, r, d = p.shape
+    plain = replace(p, state=None, memo=None)
+    segmented = (n > 0 and B * H > 0 and r <= WALK_MAX_R and registry.torch_method(name) is None
+                 and registry.user_method(name) is None and (p.v.device.type == "cuda" or is_interpreting()))
+    if segmented:
+        plan = resolve(plain, name)
+        seg_len = plan.schedule.get("seg_len", n) if plan.method == "block_based" else n
+        segmented = seg_len < n
+    if not segmented:
+        return slice_state(p, name), lambda start: run_problem(replace(plain, initial_state=start), name)
+    ws = segments.segment_local_states(replace(plain, initial_state=None), seg_len, plan.configs, last=True)
+    return (_sum_segments(ws, seg_len, n, p.gamma, p.initial_state),
+            lambda start: walk_segments(replace(plain, initial_state=start), plan, ws))
+
+
+def _sum_segments(ws: torch.Tensor, seg_len: int, n: int, gamma: Optional[torch.Tensor],
+                  initial_state: Optional[torch.Tensor]) -> torch.Tensor:
+    """γ^n S₀ + Σ_s γ^(n − e_s) ws[s], e_s = min((s + 1)·seg_len, n): the state after n rows from the
+    segments' local states ``ws`` (``(B, H, NS, r, d)`` float32); every factor exp2(λ · distance),
+    distance ≥ 0."""
+    ns = ws.shape[2]
+    ends = torch.arange(1, ns + 1, dtype=torch.float64, device=ws.device).mul_(seg_len).clamp_(max=n)
+    if gamma is None:
+        state = ws.sum(dim=2)
+        return state if initial_state is None else state.add_(initial_state)
+    lam = torch.log2(gamma.to(device=ws.device, dtype=torch.float64))                 # [H]
+    weights = torch.exp2(lam[:, None] * (n - ends)[None, :]).float()                  # [H, NS]
+    state = torch.einsum("hs,bhsrd->bhrd", weights, ws)
+    if initial_state is not None:
+        state += torch.exp2(lam * n).float().view(1, -1, 1, 1) * initial_state
     return state
 
 

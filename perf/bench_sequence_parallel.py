@@ -1,7 +1,9 @@
 """Sequence parallelism: prefill of one long sequence across the GPUs of a torchrun job, against one GPU.
 
 Every rank holds n / N consecutive rows; ``leettriton.distributed.linear_attention`` runs its local
-state pass, one all-gather of the float32 states and its output pass (docs/design.md §11).  Timed:
+state pass, one all-gather of the float32 states and its output pass (docs/design.md §11; where the
+slice's call is block_based over several segments, the output pass walks from the state pass's segment
+states: ``leettriton.distributed.local_pass``).  Timed:
 
 * the one-GPU call over all n rows (rank 0 alone, the other ranks waiting);
 * the distributed call end to end, and its three phases one at a time: the state pass, the
@@ -30,7 +32,6 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
@@ -40,7 +41,6 @@ import common  # noqa: E402
 import leettriton  # noqa: E402
 import leettriton.distributed as sp  # noqa: E402
 from leettriton import bench, registry  # noqa: E402
-from leettriton.plan import run_problem  # noqa: E402
 from leettriton.problem import make_problem  # noqa: E402
 
 NAME = "bench_sequence_parallel"
@@ -174,14 +174,16 @@ def run_timing(job: Job, args, argv) -> None:
     b, c, v, gamma = inputs(args, rows.stop - rows.start, job.device, seed=1 + job.rank)
     name = registry.canonical_method(args.method)
     p, _ = make_problem(b, c, v, gamma)
-    local = sp.slice_state(p, name)
+    local, output_pass = sp.local_pass(p, name)
     start = local / max(1.0, local.abs().max().item())       # a float32 start state of a sensible size
     gathered = [torch.empty_like(local, device=job.comm) for _ in range(job.world)]
     whole = timed(job, lambda: sp.linear_attention(b, c, v, gamma, method=args.method), args.reps, args.warmup)
-    state = timed(job, lambda: sp.slice_state(p, name), args.reps, args.warmup)
+    state = timed(job, lambda: sp.local_pass(p, name), args.reps, args.warmup)
     gather = (timed(job, lambda: job.dist.all_gather(gathered, local.to(job.comm)), args.reps, args.warmup)
               if job.on else (0.0, 0.0, 0.0))
-    output = timed(job, lambda: run_problem(replace(p, initial_state=start), name), args.reps, args.warmup)
+    # the output pass as the call runs it: from the state pass's segment states where it shares them
+    # (repeated here on one workspace: the timing, not the values, counts)
+    output = timed(job, lambda: output_pass(start), args.reps, args.warmup)
     single = job.gather(list(single) if single[0] is not None else [float("nan")] * 3)[0]
     if job.rank != 0:
         return
@@ -262,11 +264,10 @@ def run_simulate(job: Job, args, argv) -> None:
         lengths = [(k + 1) * args.n // world - k * args.n // world for k in range(world)]
         err = bench.rel_error(sp.simulate(b, c, v, gamma, lengths=lengths, method=args.method), ref)
         p, _ = make_problem(b[:, :, :lengths[0]], c[:, :, :lengths[0]], v[:, :, :lengths[0]], gamma)
-        start = sp.slice_state(p, name)
+        start, output_pass = sp.local_pass(p, name)
         start = start / max(1.0, start.abs().max().item())
-        state = timed(job, lambda: sp.slice_state(p, name), args.reps, args.warmup, together=False)
-        output = timed(job, lambda: run_problem(replace(p, initial_state=start), name), args.reps, args.warmup,
-                       together=False)
+        state = timed(job, lambda: sp.local_pass(p, name), args.reps, args.warmup, together=False)
+        output = timed(job, lambda: output_pass(start), args.reps, args.warmup, together=False)
         gather_ms = (world - 1) * state_bytes / (args.link_gbs * 1e9) * 1e3 + args.link_latency_us * 1e-3
         model = state[0] + gather_ms + output[0]
         rep.rows.append(dict(world=world, n=args.n, rows_per_rank=lengths[0], dtype=bench.dtype_name(dtype),

@@ -85,6 +85,10 @@ CASES = [
            gamma=0.8, initial=True, B=1, r=8, d=8, seed=3),
     SPCase("triton-block-based-bnhd-no-decay", {2: (20, 9), 3: (9, 11, 9)}, method="block_based",
            layout="bnhd", B=1, r=8, d=8, seed=4),
+    # slices of 2-3 segments (the walk sums its start states) and of 4-5 (the scan kernel): the output pass
+    # walks from the state pass's segment states (distributed.local_pass)
+    SPCase("triton-block-based-shared-segments", {2: (85, 170), 3: (170, 0, 85)}, method="block_based",
+           gamma=(0.7, 0.999), initial=True, B=1, r=8, d=8, seed=5),
 ]
 
 
@@ -428,6 +432,35 @@ def test_simulated_slices_match_the_oracle(method):
     assert_close(state, ref_state, tolerance(torch.float32), "state")
     with pytest.raises(ValueError, match="add up to n = 65"):
         leettriton.distributed.simulate(b, c, v, gamma, lengths=[1, 2])
+
+
+@pytest.mark.parametrize("lengths", [(85, 0, 170, 41), (120, 121, 39, 1)], ids=["prefix-and-scan", "three-segments"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_the_output_pass_walks_from_the_state_pass_segments(monkeypatch, lengths, dtype):
+    """Slices of several segments (40 rows each under the interpreter): the state pass computes every
+    segment's local state once, and the output pass makes no segment-state pass of its own."""
+    import leettriton.methods.block_based.kernels as block_based
+    from leettriton.kernels import segments
+
+    state_passes = {"local_pass": 0, "output pass": 0}
+
+    def counted(where, fn):
+        def wrapper(*args, **kwargs):
+            state_passes[where] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(segments, "segment_local_states", counted("local_pass", segments.segment_local_states))
+    monkeypatch.setattr(block_based, "segment_local_states", counted("output pass", block_based.segment_local_states))
+    case = SPCase("shared", {4: lengths}, method="block_based", dtype=dtype, gamma=(0.6, 0.99), initial=True,
+                  B=2, r=8, d=8, seed=6)
+    b, c, v, gamma, s0 = case.inputs(4)
+    out, state = leettriton.distributed.simulate(b, c, v, gamma, lengths=lengths, method="block_based",
+                                                 initial_state=s0, return_state=True)
+    ref, ref_state = reference(b, c, v, gamma, initial_state=s0, return_state=True)
+    assert_close(out, ref, tolerance(dtype), "output")
+    assert_close(state, ref_state, tolerance(dtype), "state")
+    assert state_passes == {"local_pass": sum(n > 40 for n in lengths), "output pass": 0}, state_passes
 
 
 def test_importing_leettriton_does_not_import_the_distributed_module():

@@ -155,9 +155,16 @@ def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     NS = ceil(n / seg_len); entry s is the state before row s·seg_len
     (entry 0 is the initial state, or zero).
     """
-    B, H, n, r, d = p.shape
     ws = segment_local_states(p, seg_len, config, last=p.state is not None)
+    scan_segment_states(p, ws, seg_len, config)
+    return ws
+
+
+def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Optional[Mapping] = None) -> None:
+    """Turn the segments' local states in ``ws`` (from :func:`segment_local_states` with the same
+    ``seg_len``; the last entry is read only when ``p.state`` is wanted) into their start states, in
+    place, from ``p.initial_state`` (or zero), and write the final state into ``p.state`` when asked."""
+    B, H, n, r, d = p.shape
     scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_scan_kernel, scan_grid, (config or {}).get(spaces.SCAN.name), **problem_args(p), ws_ptr=ws,
            SEG=seg_len, NS=ws.shape[2])
-    return ws

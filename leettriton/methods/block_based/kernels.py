@@ -25,10 +25,12 @@ suffices (many batch·heads, or a short sequence) it is the lightning walk alone
 """
 from __future__ import annotations
 
+import torch
+
 from ...problem import Problem
 from ..spec import Plan
 from . import space as spaces
-from ...kernels.segments import segment_local_states, segment_start_states
+from ...kernels.segments import scan_segment_states, segment_local_states
 from ...kernels.pieces import in_r_pieces
 from ..lightning_attention.kernels import WALK_MAX_R, chunk_walk_kernel, launch_chunk_walk
 
@@ -44,15 +46,27 @@ def block_based_fwd(p: Problem, plan: Plan) -> None:
 
 def _block_based_fwd(p: Problem, plan: Plan) -> None:
     n = p.shape[2]
-    config = plan.configs
     seg_len = plan.schedule["seg_len"]
     if seg_len >= n:
-        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config)
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, plan.configs)
         return
+    # with the prefix sums the walk never reads the last segment's local state; the scan reads it only
+    # for the final state
+    last = not plan.schedule["prefix"] and p.state is not None
+    walk_segments(p, plan, segment_local_states(p, seg_len, plan.configs, last=last))
+
+
+def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor) -> None:
+    """The segment-parallel walk of ``p`` (r ≤ ``WALK_MAX_R``, a plan with ``seg_len < n``) from its
+    segments' local states ``ws`` (``segment_local_states`` of ``p``'s rows from a zero start, with the
+    plan's ``seg_len``): the start states from ``p.initial_state`` and ``ws`` (summed by each walk
+    program, or by the scan kernel, which rewrites ``ws`` in place: a workspace walks once), then the
+    walk.  Split from the local states so that a caller that needs them anyway (the sequence-parallel
+    state pass, leettriton/distributed.py) computes them once."""
+    seg_len, config = plan.schedule["seg_len"], plan.configs
     if plan.schedule["prefix"]:
         # few segments: the walk sums each start state from the local states itself (no scan launch)
-        ws = segment_local_states(p, seg_len, config, last=False)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True)
     else:
-        ws = segment_start_states(p, seg_len, config)
+        scan_segment_states(p, ws, seg_len, config)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len)

@@ -26,7 +26,9 @@ The default run (both models, float16, one prompt, batch 1 and 2, ``auto``, ``li
 
     python perf/bench_models.py --prompts 2 --dtypes float32,float16,bfloat16 --methods all --autotune
 
-(``all``: every built-in method, its ``_torch`` version and ``auto``.)
+(``all``: every built-in method, its ``_torch`` version and ``auto``.)  ``--plot FILE.png`` draws the prefill
+times, one panel per model and dtype; ``--from-json A.json B.json --plot FILE.png`` draws them from saved
+results (e.g. one run per model, each on a GPU of its own) without measuring.
 
 Where the time goes, and why autotuning is off by default.  No prompt length re-tunes anything (ours never
 key on n, docs/design.md §5.3; fla marks T ``do_not_specialize``), but on a fresh GPU each kernel's first
@@ -45,6 +47,7 @@ methods (``--quick`` implied), not a measurement.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -166,7 +169,16 @@ def main(argv=None) -> None:
     p.add_argument("--no-decode", action="store_true", help="skip the decoding measurement")
     p.add_argument("--decode-batches", default=None, help="decoding batch sizes (default 1,8,64)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per decoding call (default 128)")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the prefill times (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE.json", nargs="+",
+                   help="measure nothing: draw --plot from these result files (e.g. one per model)")
     args = p.parse_args(common.cli_argv(argv))
+    if args.from_json:
+        if not args.plot:
+            p.error("--from-json draws a plot: give --plot FILE.png")
+        rows = [row for path in args.from_json for row in json.load(open(path))["rows"]]
+        plot_prefill(rows, args.plot)
+        return
     unknown = [m for m in args.models.split(",") if m not in MODELS]
     if unknown:
         p.error(f"--models takes {sorted(MODELS)}, got {unknown}")
@@ -239,6 +251,56 @@ def main(argv=None) -> None:
         if gpu:
             torch.cuda.empty_cache()
     rep.finish(args.out)
+    if args.plot:
+        plot_prefill(rep.rows, args.plot)
+
+
+def plot_prefill(rows, path: str) -> None:
+    """The paper's end-to-end figure: one panel per (model, dtype), the forward's mean time per method
+    (log scale; mean over the prompts) at each batch size, fla's model among them."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        print(f"--plot: matplotlib is not installed (pip install matplotlib); {path} not written")
+        return
+    cells = [r for r in rows if r.get("mean_ms") and "method" in r]
+    panels = list(dict.fromkeys((r["model"], r["dtype"]) for r in cells))
+    if not panels:
+        print(f"--plot: no prefill time in the rows; {path} not written")
+        return
+    models = list(dict.fromkeys(m for m, _ in panels))
+    dtypes = list(dict.fromkeys(d for _, d in panels))
+    fig, axes = plt.subplots(len(models), len(dtypes), figsize=(5.2 * len(dtypes), 0.5 + 3.6 * len(models)),
+                             squeeze=False)
+    for i, model in enumerate(models):
+        for j, dtype in enumerate(dtypes):
+            ax = axes[i][j]
+            mine = [r for r in cells if r["model"] == model and r["dtype"] == dtype]
+            methods = list(dict.fromkeys(r["method"] for r in mine))
+            batches = sorted({r["batch"] for r in mine})
+            width = 0.8 / max(len(batches), 1)
+            for k, batch in enumerate(batches):
+                times = []
+                for method in methods:
+                    got = [r["mean_ms"] for r in mine if r["method"] == method and r["batch"] == batch]
+                    times.append(sum(got) / len(got) if got else float("nan"))
+                ax.barh([y + k * width for y in range(len(methods))], times, height=width, label=f"batch {batch}")
+            ax.set_yticks([y + width * (len(batches) - 1) / 2 for y in range(len(methods))])
+            ax.set_yticklabels(methods, fontsize=7)
+            ax.invert_yaxis()
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_xlabel("forward over the prompt, ms (log)")
+            ax.set_title(f"{model}, {dtype}", fontsize=9)
+            ax.grid(axis="x", which="both", alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 def prefill_cell(rep, model, method, ids, args, device, row) -> str:

@@ -106,7 +106,7 @@ class _Call:
     tensor (a float's, cached by value) or "γ as it is", the output shapes, and the launchers' memo.
     Calling it runs the plan on a new Problem of the same signature (docs/design.md §4.5)."""
 
-    __slots__ = ("plan", "gamma", "gamma_as_is", "out_shape", "state_shape", "transposed", "precision", "memo",
+    __slots__ = ("plan", "gamma", "gamma_as_is", "out_like", "state_like", "transposed", "precision", "memo",
                  "return_state")
 
     def __init__(self, plan, p: Problem, layout: str, return_state: bool, gamma_as_is: bool, memo: dict) -> None:
@@ -114,8 +114,9 @@ class _Call:
         # a float γ's tensor (cached by value, never handed out) is kept; a caller's γ tensor is not
         self.plan, self.gamma, self.gamma_as_is, self.memo = plan, None if gamma_as_is else p.gamma, gamma_as_is, memo
         self.transposed = layout != "bhnd"
-        self.out_shape = (B, n, H, d) if self.transposed else (B, H, n, d)
-        self.state_shape = (B, H, r, d) if return_state else None
+        device = p.out.device
+        self.out_like = problem.output_template((B, n, H, d) if self.transposed else (B, H, n, d), p.out.dtype, device)
+        self.state_like = problem.output_template((B, H, r, d), torch.float32, device) if return_state else None
         self.precision, self.return_state = p.precision, return_state
 
     def __call__(self, b, c, v, gamma, initial_state):
@@ -123,8 +124,8 @@ class _Call:
         if self.gamma_as_is:
             check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
             gamma_h = gamma
-        out = problem.new_empty(self.out_shape, v.dtype, v.device)
-        state = None if self.state_shape is None else problem.new_empty(self.state_shape, torch.float32, v.device)
+        out = problem.new_like(self.out_like)
+        state = None if self.state_like is None else problem.new_like(self.state_like)
         if self.transposed:
             p = Problem(b.transpose(1, 2), c.transpose(1, 2), v.transpose(1, 2), gamma_h, initial_state,
                         out.transpose(1, 2), state, self.precision, self.memo)
@@ -208,24 +209,24 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     """
     if slot_ids is not None:
         out, _ = _decode_tokens(b_t, c_t, v_t, state, gamma, slot_ids, False, check_slots, one_token=True)
-        return out[:, :, 0], state
+        return out, state
     # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks and the launch
     # read but the tensors' addresses and γ's values -- was validated and launched before repeats that launch
     try:
         g = gamma
-        gkey = (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g)
         key = (type(b_t), type(c_t), type(v_t), type(state), b_t.shape, c_t.shape, v_t.shape, state.shape,
                b_t.stride(), c_t.stride(), v_t.stride(), state.stride(), b_t.dtype, c_t.dtype, v_t.dtype, state.dtype,
-               b_t.device, c_t.device, v_t.device, state.device, gkey)
+               b_t.device, c_t.device, v_t.device, state.device,
+               (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g))
         step = _DECODE_STEPS.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable gamma: the checks say what
         key = step = None
     if step is not None and not (torch.is_grad_enabled() and requires_grad(b_t, c_t, v_t, state, gamma)):
-        launch, gamma_h, out_shape = step
+        launch, gamma_h, template = step
         if gamma_h is _GAMMA_AS_IS:
             check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
             gamma_h = gamma
-        out = problem.new_empty(out_shape, v_t.dtype, v_t.device)
+        out = problem.new_like(template)
         if launch is not None and launch((b_t, c_t, v_t, out, out if gamma_h is None else gamma_h, state)):
             return out, state
     if step is None:
@@ -244,13 +245,14 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
         # the kernel as it is has its values checked again on every version.  No launch to repeat (an
         # empty step, pointers not 16-byte aligned): the signature's checks are still done
         as_is = gamma_h is not None and gamma_h is gamma
-        _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, d))
+        _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if as_is else gamma_h,
+                              problem.output_template((B, H, d), v_t.dtype, v_t.device))
     return out, state
 
 
 _DECODE_STEPS: dict = {}
 """decode_step's validated signatures: signature → (the launch to repeat or None, γ's tensor or _GAMMA_AS_IS, the
-output's shape).  The signature holds each tensor's type, shape, strides, dtype and device and γ's kind
+output's template for :func:`problem.new_like`).  The signature holds each tensor's type, shape, strides, dtype and device and γ's kind
 (None or a number by type and value; a tensor by type, shape, strides, dtype and device), so a call that
 matches it passes every check a first call made, except γ's values, checked per tensor version."""
 _GAMMA_AS_IS = object()
@@ -296,7 +298,8 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 
 
 def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slots: bool, *, one_token: bool):
-    """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), kept or None).
+    """Validate a slotted or multi-token step and launch it; returns (out (B, H, k, d), or (B, H, d) for
+    ``one_token``, kept or None).
 
     As for :func:`decode_step`, a call whose signature (here also the slot ids' type, shape, strides, dtype
     and device, ``check_slots`` and ``keep_states``) was checked and launched before repeats its launch
@@ -311,22 +314,24 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
         step = _TOKEN_STEPS.get(signature)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable gamma: the checks say what
         signature = step = None
+    if step is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, state, gamma)):
+        launch, gamma_h, out_like, kept_like, slots = step
+        if slot_ids is not None:
+            check_slot_values("slot_ids", slot_ids, slots, check_slots)
+        if gamma_h is _GAMMA_AS_IS:
+            check_gamma_values(gamma)
+            gamma_h = gamma
+        out = problem.new_like(out_like)  # one token: (B, H, d), as decode_step returns it
+        kept = None if kept_like is None else problem.new_like(kept_like)
+        # one token: b_t, c_t, v_t and the output need no token axis here, since a launch reads only their
+        # addresses (the signature fixes their strides, handed over as the first call's views had them)
+        if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
+                                          state if slot_ids is None else slot_ids, state if kept is None else kept)):
+            return out, kept
     if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
-    if step is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, state, gamma)):
-        launch, gamma_h, out_shape, kept_shape = step
-        if slot_ids is not None:
-            check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
-        if gamma_h is _GAMMA_AS_IS:
-            check_gamma_values(gamma)
-            gamma_h = gamma
-        out = problem.new_empty(out_shape, v.dtype, v.device)
-        kept = None if kept_shape is None else problem.new_empty(kept_shape, torch.float32, v.device)
-        if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
-                                          state if slot_ids is None else slot_ids, state if kept is None else kept)):
-            return out, kept
     B, H, K, r = b.shape
     d = v.shape[-1]
     if slot_ids is not None:
@@ -342,13 +347,16 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
         if len(_TOKEN_STEPS) >= 1024:
             _TOKEN_STEPS.clear()
         as_is = gamma_h is not None and gamma_h is gamma
-        _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, (B, H, K, d), kept_shape)
-    return out, kept
+        out_like = problem.output_template((B, H, d) if one_token else (B, H, K, d), v.dtype, v.device)
+        kept_like = None if kept_shape is None else problem.output_template(kept_shape, torch.float32, v.device)
+        _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, out_like, kept_like, state.shape[0])
+    return (out[:, :, 0] if one_token else out), kept
 
 
 _TOKEN_STEPS: dict = {}
 """The slotted / k-token step's validated signatures: signature → (the launch to repeat, γ's tensor or
-_GAMMA_AS_IS, the output's shape, the kept states' shape or None), as :data:`_DECODE_STEPS`."""
+_GAMMA_AS_IS, the output's template (one token: without the token axis), the kept states' template or None,
+the number of state rows), as :data:`_DECODE_STEPS`."""
 
 
 VARLEN_NATIVE = ("lightning_attention", "block_based")

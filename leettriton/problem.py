@@ -18,7 +18,7 @@ import torch
 
 __all__ = [
     "Problem", "make_problem", "check_tensor", "check_gamma_values", "check_token_triple", "check_dims", "check_device", "resolve_gamma", "type_name",
-    "to_bhnd", "new_empty", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
+    "to_bhnd", "new_empty", "new_like", "output_template", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
     "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed",
 ]
@@ -245,8 +245,13 @@ class _CheckedTensors:
     def seen(self, g: torch.Tensor, context=None) -> bool:
         """Whether ``g`` passed a check against ``context`` (what else the check read) at its current version."""
         hit = self._seen.get(id(g))
-        return (hit is not None and hit[0]() is g and hit[1] == self._version(g) and hit[2] == g.data_ptr()
-                and hit[3] == context)
+        if hit is None or hit[0]() is not g:
+            return False
+        try:
+            version = g._version
+        except RuntimeError:  # inference tensors track no version
+            version = None
+        return hit[1] == version and hit[2] == g.data_ptr() and hit[3] == context
 
     def remember(self, g: torch.Tensor, context=None) -> None:
         if g.device.type == "cpu" and not (self._remember_cpu and _interpreting()):
@@ -286,7 +291,9 @@ _FLOAT_GAMMAS: dict[tuple, torch.Tensor] = {}
 def check_gamma_values(gamma: torch.Tensor) -> None:
     """γ's values in (0, 1] (no NaN), for a tensor whose shape, dtype and device passed
     :func:`resolve_gamma`: one device sync on CUDA, once per tensor version (docs/design.md §2.6)."""
-    _CHECKED.check(gamma)
+    checked = _CHECKED
+    if not checked.seen(gamma):  # (a repeated call's case, without check's own frame)
+        checked.check(gamma)
 
 
 def _float_gamma(g: float, heads: int, device: torch.device) -> torch.Tensor:
@@ -413,7 +420,26 @@ def check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, check: bool) -
 # --------------------------------------------------------------------------- problems
 
 def new_empty(shape, dtype, device) -> torch.Tensor:
-    """Allocates every output of the package (the tests replace it to poison outputs)."""
+    """Allocates every output of the package (the tests replace it to poison outputs), but for the
+    repeated calls' outputs, which :func:`new_like` allocates."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def new_like(template: torch.Tensor) -> torch.Tensor:
+    """An output of a repeated call (docs/design.md §4.5): a contiguous tensor of ``template``'s shape,
+    dtype and device, ``template`` from :func:`output_template` (the tests replace this too).
+    ``torch.empty_like`` of one tensor costs about half of ``torch.empty`` with a shape, a dtype and a device."""
+    return torch.empty_like(template)
+
+
+def output_template(shape, dtype, device) -> torch.Tensor:
+    """What :func:`new_like` allocates from: one element expanded to ``shape`` (``empty_like`` of an
+    expanded tensor is contiguous), or, where that would not give ``torch.empty``'s strides (a shape of
+    at most one element, whose expansion is dense and keeps its zero strides), a tensor of the shape."""
+    expanded = torch.empty((), dtype=dtype, device=device).expand(shape)
+    probe = torch.empty_like(expanded)
+    if probe.stride() == torch.empty(shape, dtype=dtype, device="meta").stride():
+        return expanded
     return torch.empty(shape, dtype=dtype, device=device)
 
 

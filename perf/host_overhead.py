@@ -17,6 +17,8 @@ the launch arguments, and Triton's launcher for each kernel.  This measures it.
   without Triton's launcher.  Kernels launched through ``CompiledLaunches`` take their
   compiled path (docs/design.md §4.5) with a stub for the compiled kernel's launcher (and
   device 0, stream 0), as on the GPU.  Runs anywhere; sets ``TRITON_INTERPRET=1`` itself.
+* ``decode_step_slots``: ``decode_step`` with ``slot_ids`` (one row, slot 2 of a pool of 4 states); on
+  the CPU the slot ids count as checked (on CUDA they are checked once per version of the tensor).
 * ``--backward``: per method, the host time of the forward with inputs that require grad
   (the autograd node) and of its backward, ``torch.autograd.grad(o, (b, c, v), do)``:
   three calls of the operator and the reversed copies of docs/design.md §10.3.  With
@@ -31,7 +33,7 @@ import sys
 import time
 
 METHODS = ("auto", "vanilla", "causal_dot_product", "block_based", "recursion", "lightning_attention",
-           "fleet_attention", "decode_step")
+           "fleet_attention", "decode_step", "decode_step_slots")
 
 
 def _stub_launches(family_name: str) -> None:
@@ -139,6 +141,21 @@ def main(argv=None) -> list[dict]:
 
                 def call():
                     return leettriton.decode_step(b_t, c_t, v_t, state, gamma)
+            elif method == "decode_step_slots":   # the same token, its state slot 2 of a pool of 4
+                pool = torch.zeros(4, heads, 128, 128, device=device)
+                slots = torch.tensor([2], device=device)
+                b_t, c_t, v_t = b[:, :, 0], c[:, :, 0], v[:, :, 0]
+                if device == "cpu":
+                    # on CUDA the slot ids' values are checked once per version of the tensor; on CPU, on
+                    # every call: count them as checked here, so that the CPU figure is that of the CUDA path
+                    from leettriton import problem
+
+                    indices = problem._CHECKED_INDICES
+                    real_seen = type(indices).seen.__get__(indices)
+                    indices.seen = lambda g, context=None: g is slots or real_seen(g, context)
+
+                def call():
+                    return leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=slots)
             else:
                 def call():
                     return leettriton.linear_attention(b, c, v, gamma, method=method)

@@ -61,7 +61,13 @@ def poison_outputs(monkeypatch):
     def poisoned(shape, dtype, device):
         return real(shape, dtype, device).fill_(float("nan"))
 
+    real_like = leettriton.problem.new_like
+
+    def poisoned_like(template):
+        return real_like(template).fill_(float("nan"))
+
     monkeypatch.setattr(leettriton.problem, "new_empty", poisoned)
+    monkeypatch.setattr(leettriton.problem, "new_like", poisoned_like)
     yield
 
 

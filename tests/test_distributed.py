@@ -243,6 +243,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
     real = leettriton.problem.new_empty
     leettriton.problem.new_empty = lambda shape, dtype, device: real(shape, dtype, device).fill_(float("nan"))
+    real_like = leettriton.problem.new_like
+    leettriton.problem.new_like = lambda template: real_like(template).fill_(float("nan"))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     results = {}

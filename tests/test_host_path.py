@@ -245,3 +245,38 @@ def test_slotted_decode_repeats_only_what_the_signature_fixes():
     with pytest.raises(TypeError, match="check_slots must be a bool"):
         leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=torch.tensor([0, 1], device=DEVICE),
                                check_slots=1)
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 128), (2, 3, 12), (1, 1, 1), (0, 3, 4), (1, 5, 1, 7), (4, 1, 5, 1),
+                                   (1, 1, 1, 1), (2, 3, 40, 12), (2, 3, 2, 8, 12)], ids=str)
+def test_a_repeated_calls_output_has_the_strides_of_a_first_calls(shape):
+    """new_like of an output template: torch.empty's shape, strides, dtype and device (the caller's output of a
+    repeated call is laid out as that of the call that was checked), and never the template's storage."""
+    for dtype in (torch.float16, torch.float32):
+        template = leettriton.problem.output_template(shape, dtype, DEVICE)
+        out, fresh = leettriton.problem.new_like(template), torch.empty(shape, dtype=dtype, device=DEVICE)
+        assert (out.shape, out.stride(), out.dtype, out.device) == (fresh.shape, fresh.stride(), dtype, fresh.device)
+        assert out.numel() == 0 or out.data_ptr() != template.data_ptr()
+        assert not out.requires_grad
+
+
+def test_slotted_decode_repeats_through_the_pytorch_step(monkeypatch):
+    """CPU tensors outside the interpreter repeat the PyTorch step; a one-token repeat hands it b_t, c_t, v_t
+    and the output without their token axis."""
+    monkeypatch.setattr(decode, "is_interpreting", lambda: False)
+    api._TOKEN_STEPS.clear()
+    pool = rand(4, H, R, D, seed=1)
+    gamma = torch.tensor([0.9, 0.5, 1.0])
+    for seed, rows in ((2, [3, -1]), (5, [0, 2]), (8, [1, 3])):
+        slots = torch.tensor(rows)
+        b_t, c_t, v_t = rand(B, H, R, seed=seed), rand(B, H, R, seed=seed + 1), rand(B, H, D, seed=seed + 2)
+        live = [i for i, s in enumerate(rows) if s >= 0]
+        used = [rows[i] for i in live]
+        expect_o, expect_s = decode_oracle(b_t[live], c_t[live], v_t[live], pool[used].clone(), gamma)
+        o_t, same = leettriton.decode_step(b_t, c_t, v_t, pool, gamma, slot_ids=slots)
+        assert same is pool and o_t.shape == (B, H, D) and o_t.is_contiguous()
+        assert_close(o_t[live], expect_o, 1e-5, f"slots {rows}: output")
+        assert_close(pool[used], expect_s, 1e-5, f"slots {rows}: updated slots")
+        padding = [i for i in range(B) if i not in live]
+        assert torch.equal(o_t[padding], torch.zeros(len(padding), H, D, dtype=o_t.dtype)), f"slots {rows}: padding"
+    assert len(api._TOKEN_STEPS) == 1

@@ -380,39 +380,52 @@ class Launch:
         self.fixed = tuple(args[name] for name in others)
         where = {name: len(pointers) + i for i, name in enumerate(others)}
         where.update(pointers)
-        self.take = operator.itemgetter(*(where[name] for name in self.names))
+        order = [where[name] for name in self.names]
+        # None when the kernel takes its tensors first, in the order of ``pointers``: the pointers and the
+        # fixed arguments are then the launcher's arguments as they are
+        self.take = None if order == list(range(len(order))) else operator.itemgetter(*order)
         self.tuned, self.tuned_key = tuned, None
         if tuned is not None:  # the autotuner's key of this choice: it is reused while the autotuner holds it
             self.tuned_key = next((k for k, c in self.kernel.cache.items() if c is tuned), None)
 
     def __call__(self, tensors: tuple) -> bool:
-        if self.run is None:
-            launch(self.kernel, self.grid, self.config, **dict(zip(self.names, self.take(tensors + self.fixed))))
+        run = self.run
+        if run is None:
+            values = tensors + self.fixed
+            if self.take is not None:
+                values = self.take(values)
+            launch(self.kernel, self.grid, self.config, **dict(zip(self.names, values)))
             return True
         if _RECORDERS and getattr(_launch_log, "log", None) is not None:
             return False
         tuned = self.tuned
         if tuned is not None:
-            if self.kernel.cache.get(self.tuned_key) is not tuned:
+            kernel = self.kernel
+            if kernel.cache.get(self.tuned_key) is not tuned:
                 return False
-            self.kernel.best_config = tuned  # as Triton's autotuner says which config ran
+            kernel.best_config = tuned  # as Triton's autotuner says which config ran
         device = _current_device()
         if device != self.device:
             return False
         ptrs = tuple(map(_DATA_PTR, tensors))
         if _reduce(_or, ptrs) & 15:
             return False  # compiled for 16-byte aligned pointers; this call's are not all aligned
+        values = ptrs + self.fixed
+        if self.take is not None:
+            values = self.take(values)
+        # the current stream is read on every call: it changes under a CUDA graph's capture, and callers
+        # switch streams; the device is read for the same reason (both are C calls of a few tens of ns)
         stream = _current_stream(device)
-        values = self.take(ptrs + self.fixed)
+        g0, g1, g2 = self.grid
         runtime = knobs.runtime
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        g0, g1, g2 = self.grid
-        metadata = None
-        if enter is not None or leave is not None:
-            enter, leave = _live(enter), _live(leave)
-            if enter is not None or leave is not None:
-                metadata = self.compiled.launch_metadata(self.grid, stream, *values)
-        self.run(g0, g1, g2, stream, self.function, self.packed, metadata, enter, leave, *values)
+        # Triton's hooks are chains (empty unless a profiler listens), or a function or None in older releases
+        if (enter is None or not getattr(enter, "calls", True)) and (leave is None or not getattr(leave, "calls", True)):
+            run(g0, g1, g2, stream, self.function, self.packed, None, None, None, *values)
+            return True
+        enter, leave = _live(enter), _live(leave)
+        metadata = self.compiled.launch_metadata(self.grid, stream, *values)
+        run(g0, g1, g2, stream, self.function, self.packed, metadata, enter, leave, *values)
         return True
 
 

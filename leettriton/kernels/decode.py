@@ -245,7 +245,8 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
     with ``slot_ids`` (``(B,)`` int32/int64) a pool ``(slots, H, r, d)``; updated in place.  ``kept``:
     float32 ``(B, H, k, r, d)`` that receives the state after each token, or None.
     Returns what repeats the launch, as :func:`decode_step_impl` does; it takes
-    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state)``.
+    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state)``, where for k = 1 b, c, v and out
+    may come without their token axis (the same addresses; the strides are those of this call's tensors).
     """
     if state.device.type == "cpu" and not is_interpreting():
         _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept)
@@ -275,6 +276,8 @@ class _TorchTokens:
 
     def __call__(self, tensors) -> bool:
         b, c, v, out, gamma, state, slot_ids, kept = tensors
+        if b.dim() == 3:  # one token, handed over without its token axis (a kernel's launch reads addresses only)
+            b, c, v, out = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2), out.unsqueeze(2)
         _decode_tokens_torch(b, c, v, state, gamma if self.has_decay else None, out,
                              slot_ids if self.slotted else None, kept if self.keep else None)
         return True

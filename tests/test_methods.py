@@ -194,6 +194,34 @@ def test_fleet_attention_segments_with_sliced_carries(dtype):
     check_against_oracle("fleet_attention", case)
 
 
+def cancelling_ranks(n: int, r: int, d: int, seed: int, dtype=torch.float16):
+    """b, c, v (1 × 1 × n) whose scores b_i · c_j cancel over the ranks: every row of c is one
+    vector c₀, and the last entry of every row of b is set so that b_i · c₀ = 0.25 (in the 16-bit
+    values) while its terms b_ik c₀k are of size 1."""
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randn(1, 1, n, r, generator=g)
+    c0 = torch.randn(r, generator=g).to(dtype).float()
+    v = torch.randn(1, 1, n, d, generator=g)
+    rest = (b[..., :-1].to(dtype).float() * c0[:-1]).sum(-1)
+    b[..., -1] = (0.25 - rest) / c0[-1]
+    return b.to(dtype), c0.expand(1, 1, n, r).to(dtype).contiguous(), v.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("n, r, d, gamma", [(1, 212, 1, None), (1, 212, 16, None), (70, 212, 8, 0.9),
+                                            (140, 100, 8, 0.97)], ids=["n1-r212-d1", "n1-r212-d16",
+                                                                       "n70-r212-d8-g0.9", "n140-r100-d8-g0.97"])
+def test_fleet_attention_scores_that_cancel_over_ranks(n, r, d, gamma, dtype):
+    """16-bit inputs with outputs far below the terms they sum (0.25 against terms of size 1 over r
+    ranks): fleet_attention takes each rank's c ⊙ v exactly, not rounded once per rank (whose
+    errors would add up over the ranks: float16 gave 8e-3 to 2e-2 on these cases), within the
+    carries and the segment start states too (n past a block and a segment under the interpreter)."""
+    b, c, v = cancelling_ranks(n, r, d, seed=n + r, dtype=dtype)
+    out = leettriton.fleet_attention(b.to(DEVICE), c.to(DEVICE), v.to(DEVICE), gamma)
+    ref = leettriton.reference(b, c, v, gamma)
+    assert_close(out, ref, tolerance(dtype), f"fleet_attention output [n{n}-r{r}-d{d}-g{gamma}-{dtype}]")
+
+
 @pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
 @pytest.mark.parametrize("gamma", [1.0, 0.999])
 def test_float16_state_beyond_float16_range(method, gamma):

@@ -113,13 +113,43 @@ def and_scalar(mask, flag):
 
 @triton.jit
 def mma(a, b, PRECISION: tl.constexpr):
-    """``a @ b`` with float32 accumulation; ``PRECISION`` applies to float32 operands."""
+    """``a @ b`` with float32 accumulation; ``PRECISION`` applies to float32 operands.
+
+    With ``PRECISION == "tf32"`` float32 operands are first rounded to nearest TF32
+    (:func:`round_to_tf32`): the tensor cores would otherwise truncate them, which biases every
+    product towards zero (docs/design.md §2.2).  16-bit operands and "ieee" products are as they are.
+    """
+    if PRECISION == "tf32":
+        if a.dtype == tl.float32:
+            a = round_to_tf32(a)
+        if b.dtype == tl.float32:
+            b = round_to_tf32(b)
     if _INTERPRETER_BF16_DOT:
         if a.dtype == tl.bfloat16:
             a = a.to(tl.float32)
         if b.dtype == tl.bfloat16:
             b = b.to(tl.float32)
     return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def round_to_tf32(x):
+    """float32 ``x`` rounded to nearest TF32 (10 mantissa bits, ties away from zero), as float32.
+
+    TF32 tensor cores read only the top 10 of a float32 operand's 23 mantissa bits, dropping the
+    rest (truncation towards zero: an error of up to one unit in the last place, half of one on
+    average, always shrinking the magnitude).  Rounded first, the operand is exact in TF32, so the
+    product sees an error of at most half a unit and no bias.  On the bit pattern: adding half a
+    unit (bit 12) to the magnitude carries into the kept bits exactly when the dropped ones are at
+    least half a unit, and a carry out of the mantissa moves the exponent up, as it should
+    (the largest finite values round to infinity, as any round-to-nearest does).  Infinities and
+    NaNs (exponent all ones) are kept as they are: adding to a NaN whose payload lies only in the
+    dropped bits would give infinity.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x1000) & 0xFFFFE000
+    special = (bits & 0x7F800000) == 0x7F800000
+    return tl.where(special, bits, rounded).to(tl.float32, bitcast=True)
 
 
 @triton.jit

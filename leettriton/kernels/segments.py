@@ -64,9 +64,11 @@ def _segment_state_kernel(
         o_t = t0 + tl.arange(0, BT)
         b_c = load_tile(p_c, o_t, o_k, c_strides[2], c_strides[3], t_end, R)
         b_v = load_tile(p_v, o_t, o_v, v_strides[2], v_strides[3], t_end, D)
-        # γ^(e−1−j) ≤ 1 for rows inside the segment; rows past its end load as zero
-        col_decay = decay(lam, tl.maximum(t_end - 1 - o_t, 0), HAS_DECAY)
-        b_c = (b_c * col_decay[:, None]).to(b_v.dtype)
+        # γ^(e−1−j) ≤ 1 for rows inside the segment; rows past its end load as zero.  The decay
+        # goes on v: rounded to a 16-bit operand, its error is then the same for every rank (row
+        # of the state), so a product b·S that cancels over the ranks does not add up r of them.
+        row_decay = decay(lam, tl.maximum(t_end - 1 - o_t, 0), HAS_DECAY)
+        b_v = (b_v * row_decay[:, None]).to(b_v.dtype)
         acc += mma(tl.trans(b_c), b_v, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
 
     if DIRECT:

@@ -16,25 +16,27 @@ runs a block of BT rows at a time, with the relative decays of docs/design.md §
     o[block]  += b[:, k] ⊙ h_k[block]                      for k = 0 .. r−1
 
 so the chain becomes one [BT, BT] @ [BT, BV] tensor-core product per rank and
-block; carry_k, row k of the state before the block, is the only thing that
+block (two for 16-bit inputs, see Numerics); carry_k, row k of the state before the block, is the only thing that
 crosses blocks.  After the block's output tile is stored, the carries of all
 ranks are brought to the block's end with one more product per BK ranks,
 
-    S[k0:k0+BK] ← γ^BT S[k0:k0+BK] + (c[:, k0:k0+BK] ⊙ w)ᵀ @ v,   w_j = γ^(BT−1−j)    # [BK, BT] @ [BT, BV]
+    S[k0:k0+BK] ← γ^BT S[k0:k0+BK] + c[:, k0:k0+BK]ᵀ @ (w ⊙ v),   w_j = γ^(BT−1−j)    # [BK, BT] @ [BT, BV]
 
 (r in slices of BK, so a [BK, BV] float32 slice of the state is in registers at
 a time, never all r rows).  The last block of a segment, the only one that may
 be cut short, has no next block and skips it.
 
 Cost per batch·head: n·r·d·BT multiply-adds on tensor cores for the rank loop
-(BT times the algorithm's n·r·d: the price of turning the chain into products)
-and n·r·d for the carries, plus 3 n·r·d elementwise operations on CUDA cores
-(c ⊙ v, the carry term, the b-weighted sum); memory traffic: b, c, v read once per
+(BT times the algorithm's n·r·d: the price of turning the chain into products;
+2 n·r·d·BT for 16-bit inputs) and n·r·d for the carries, plus 3 n·r·d elementwise
+operations on CUDA cores (c ⊙ v, the carry term, the b-weighted sum; 3 more for
+16-bit inputs, splitting c ⊙ v); memory traffic: b, c, v read once per
 value tile (the columns of b and c come from L1/L2 for each rank), o written
 once, the [r, BV] carry slice read once per block and written once.  On the
 H100 at r = d = 128, heads 32, with decay (perf/results/h100/bench_fleet_recursion.md):
 float16 2.07 ms at batch 1 × 8192, 23.8 ms at 1 × 100 000, 30.0 ms at 16 × 8192
-(the scan: 9.7, 146, 151 ms); float32 ("ieee") 6.66 ms at 1 × 8192.
+(the scan: 9.7, 146, 151 ms); float32 ("ieee") 6.66 ms at 1 × 8192.  The float16
+figures were measured with one float16 product per rank, before c ⊙ v was split.
 
 One program owns the [BT, BV] output tiles of one batch·head, one BV slice of
 the value columns and one segment of the sequence; it walks the segment in
@@ -55,16 +57,20 @@ zero).  The final state comes from the same pass.
 
 Numerics (docs/design.md §2: 16-bit inputs on tensor cores with float32
 accumulation; float32 exact by default): every product accumulates in float32
-and the carries, the state and the output sum stay float32.  float16 inputs
-give the L @ (c ⊙ v) and carry products float16 operands: c ⊙ v is the float16
-product of two float16 values (rounded once), L and c ⊙ w are decays ≤ 1
-rounded to float16 -- relative errors of 2^-11 per term, as the decayed scores
-of the chunked kernels (and, like them, a product |c·v| beyond float16's 65504
-would overflow).  bfloat16 and float32 inputs give them float32
-operands: for bfloat16 the products run at TF32 (``DOT_PRECISION``), whose
-10-bit mantissa is longer than bfloat16's 7; for float32 they run at the
-caller's precision, true float32 (``"ieee"``, the default: within 1e-5 of the
-oracle) or TF32 (``"tf32"``, opt in).
+and the carries, the state and the output sum stay float32.  The output sums
+r terms b[t, k] h_k[t], which may cancel to far below their size, so no rank's
+term may carry its own rounding: c ⊙ v is exact (:func:`_decayed_sum`).  16-bit
+inputs give the products operands of their own dtype: L, decays ≤ 1 rounded to
+it, and c ⊙ v as two operands, hi (rounded) and lo (the remainder, exact), each
+multiplied by L; the carry product takes c as it is and w ⊙ v rounded.  Each
+rounding of L or w ⊙ v is the same for every rank, so it errs in proportion to
+the scores b·c themselves, as the chunked kernels' rounded decayed scores do.
+(Rounded once per rank instead, c ⊙ v gave 9e-3 at r = 212 for a float16 output
+0.28 made of terms of size 1, and bfloat16 through float32 operands rounded to
+TF32 9e-3 to 2e-2 on such cases under the interpreter; a product |c·v| beyond
+float16's 65504 would overflow.)  float32 inputs give the products float32
+operands at the caller's precision, true float32 (``"ieee"``, the default:
+within 1e-5 of the oracle) or TF32 (``"tf32"``, opt in).
 
 Offsets across batch·heads and segments are 64-bit; inside one segment they are
 32-bit (its rows times the row stride below 2^31 elements).  Every decay is
@@ -82,7 +88,7 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import batch_head, causal_decay, decay, head_log2_gamma, head_ptrs, mma, problem_args
+from ...kernels.abi import batch_head, causal_decay, decay, head_log2_gamma, head_ptrs, mma, problem_args, round_to
 from ...kernels.segments import segment_start_states
 
 _KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION"]
@@ -90,12 +96,30 @@ _KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION"]
 
 @triton.jit
 def _operand(x, IN_DTYPE: tl.constexpr):
-    """``x`` as a tensor-core operand for inputs of ``IN_DTYPE``: float16 for float16 inputs,
-    float32 otherwise (bfloat16 inputs then run at TF32, whose mantissa is longer than theirs)."""
-    if IN_DTYPE == tl.float16:
-        return x.to(tl.float16)
+    """``x`` as a tensor-core operand for inputs of ``IN_DTYPE``: in the inputs' own dtype, rounded to nearest."""
+    return round_to(x, IN_DTYPE)
+
+
+@triton.jit
+def _decayed_sum(b_l, b_c, b_v, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """L @ (c ⊙ v) for one rank column ``b_c`` [BT] and the block's values ``b_v`` [BT, BV].
+
+    c ⊙ v is exact in float32 (a product of two 16-bit values has at most 22 significant bits).
+    For 16-bit inputs it enters the product as two operands of the inputs' dtype, hi = c ⊙ v
+    rounded and lo = what the rounding dropped (exact in that dtype: the 11 low bits of a float16
+    product, the 8 of a bfloat16 one), and L multiplies both: rounded once, each rank's term would
+    carry its own relative error (up to 2^-12 in float16), and the sum over r ranks, which may
+    cancel to far below its terms, would add those errors up (r = 212 gave 9e-3 of an output 0.28
+    made of terms of size 1).  L's rounding, the same for every rank, errs in proportion to the
+    scores themselves, as the chunked kernels' rounded decayed scores do.
+    """
+    b_x = b_c.to(tl.float32)[:, None] * b_v.to(tl.float32)
+    if IN_DTYPE != tl.float32:
+        b_hi = round_to(b_x, IN_DTYPE)
+        b_lo = round_to(b_x - b_hi.to(tl.float32), IN_DTYPE)
+        return mma(b_l, b_hi, DOT_PRECISION) + mma(b_l, b_lo, DOT_PRECISION)   # [BT, BT] @ [BT, BV], twice
     else:
-        return x.to(tl.float32)
+        return mma(b_l, b_x, DOT_PRECISION)                                     # [BT, BT] @ [BT, BV]
 
 
 @autotune(spaces.FWD, key=_KEY, restore_value=["ws_ptr"])
@@ -146,25 +170,24 @@ def _fleet_attention_fwd_kernel(
             b_c = tl.load(p_c + o_t * stride_cn + k * stride_ck, mask=m_t, other=0.0)
             b_b = tl.load(p_b + o_t * stride_bn + k * stride_bk, mask=m_t, other=0.0).to(tl.float32)
             b_carry = tl.load(p_ws + k * D + o_v, mask=m_v, other=0.0)
-            # c ⊙ v: rounded once to float16 for float16 inputs, exact in float32 otherwise
-            b_x = _operand(b_c, IN_DTYPE)[:, None] * b_v
-            b_h = mma(b_l, b_x, DOT_PRECISION)                                # [BT, BT] @ [BT, BV]
+            b_h = _decayed_sum(b_l, b_c, b_v, IN_DTYPE, DOT_PRECISION)
             b_h += b_first[:, None] * b_carry[None, :]
             acc += b_b[:, None] * b_h
-        tl.store(p_o + o_t[:, None] * stride_on + o_v[None, :] * stride_od, acc.to(o_ptr.dtype.element_ty),
+        tl.store(p_o + o_t[:, None] * stride_on + o_v[None, :] * stride_od, round_to(acc, o_ptr.dtype.element_ty),
                  mask=m_tv)
-        # the carries for the next block, BK ranks at a time: S ← γ^BT S + (c ⊙ w)ᵀ v.  The last
-        # block of the segment (the only one that may be cut short) has no next block.
+        # the carries for the next block, BK ranks at a time: S ← γ^BT S + cᵀ (w ⊙ v).  The decay
+        # goes on v, so its rounding (float16 inputs) is the same for every rank, and c stays
+        # exact.  The last block of the segment (the only one that may be cut short) has no next block.
         if t0 + BT < seg_rows:
+            b_vw = _operand(b_v.to(tl.float32) * b_w[:, None], IN_DTYPE)      # [BT, BV]
             for k0 in range(0, R, BK):
                 o_kk = k0 + o_k
                 m_kv = (o_kk < R)[:, None] & m_v[None, :]
                 b_ct = tl.load(p_c + o_t[:, None] * stride_cn + o_kk[None, :] * stride_ck,
                                mask=(o_kk < R)[None, :], other=0.0)             # [BT, BK]
-                b_ct = _operand(b_ct.to(tl.float32) * b_w[:, None], IN_DTYPE)
                 p_s = p_ws + o_kk[:, None] * D + o_v[None, :]
                 b_s = tl.load(p_s, mask=m_kv, other=0.0) * block_decay
-                b_s += mma(tl.trans(b_ct), b_v, DOT_PRECISION)                 # [BK, BT] @ [BT, BV]
+                b_s += mma(tl.trans(_operand(b_ct, IN_DTYPE)), b_vw, DOT_PRECISION)   # [BK, BT] @ [BT, BV]
                 # every thread has read the old carries (in the rank loop and just above)
                 tl.debug_barrier()
                 tl.store(p_s, b_s, mask=m_kv)

@@ -23,9 +23,10 @@ values per thread at r = 256, BT 64, BV 128, 4 warps; it now holds BK rows
 (BK = 32: 32 + 16), whatever r.
 
 One program holds in registers the [BT, BV] float32 output accumulator and the
-product h_k ([BT, BV] float32), the block's v tile (float32 for bfloat16 and
-float32 inputs, float16 otherwise) and L as an operand ([BT, BT]), plus, in the
-carry update, one [BK, BV] float32 slice of the carries.  Compiled cubins
+product h_k ([BT, BV] float32), the block's v tile and L as an operand ([BT, BT],
+both of the inputs' dtype), plus, in the carry update, one [BK, BV] float32 slice
+of the carries.  The compiled figures below predate the split of c ⊙ v into two
+16-bit operands, and bfloat16's column its float32 (TF32) operands; compiled cubins
 (``python -m leettriton.autotune.compile --methods fleet_attention``, Triton
 3.6; registers / spilled bytes / shared memory at r = d = 128 -- the same at
 r = d = 256, since BK, not r, sets the update's tiles):
@@ -66,18 +67,20 @@ IEEE_ACC_PER_THREAD = 16
 
 
 def _operand_bytes(args) -> int:
-    """Bytes of one tensor-core operand element: 2 for float16 inputs, 4 otherwise (float32 operands)."""
-    t = args.get("v_ptr")
-    return 2 if getattr(t, "dtype", None) is not None and str(t.dtype) == "torch.float16" else 4
+    """Bytes of one tensor-core operand element: the inputs' own (operands are of their dtype)."""
+    return elem_bytes(args)
 
 
 def _fwd_smem(cfg, args) -> int:
-    """Shared memory of one program (an upper bound, 1.1-2.8× the compiled figures above): the
-    c ⊙ v, L and c-slice operands, a float32 [BT, BV] tile for layout conversions, and
-    ``num_stages`` copies of the per-rank columns of b and c and the carry row."""
+    """Shared memory of one program (an upper bound, 1.1-2.8× the compiled figures above, which
+    predate the float16 split of c ⊙ v): the c ⊙ v (two for float16: hi and lo), L and c-slice
+    operands, a float32 [BT, BV] tile for layout conversions, and ``num_stages`` copies of the
+    per-rank columns of b and c and the carry row."""
     es, ob = elem_bytes(args), _operand_bytes(args)
     bt, bk, bv = cfg["BT"], cfg["BK"], cfg["BV"]
-    return (bt * bv + bt * bt + bt * bk) * ob + bt * bv * 4 + cfg["num_stages"] * (2 * bt * es + bv * 4)
+    cv_tiles = 2 if ob == 2 else 1      # 16-bit inputs split c ⊙ v in two
+    return ((cv_tiles * bt * bv + bt * bt + bt * bk) * ob + bt * bv * 4
+            + cfg["num_stages"] * (2 * bt * es + bv * 4))
 
 
 def _fwd_fits(cfg, args) -> bool:

@@ -11,7 +11,7 @@ import math
 import numbers
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -55,6 +55,10 @@ class Problem:
         memo: None, or a dictionary shared by every call of one signature (shapes, strides, dtypes,
             devices, flags, γ's kind, method: docs/design.md §4.5), where a launcher may keep what it
             derives from those alone (its direct launches) for the next call of the signature.
+        reverse: the problem runs backwards in time (docs/design.md §10.3): its row t is row n − 1 − t
+            of each of b, c, v and out (the states are not rows, and are as they are).  The kernels
+            address the rows so (kernels/abi.py, ``problem_args``); only a method whose ``Method``
+            says ``reverse_rows`` may receive such a problem (plan.py, ``run_reversed``).
     """
 
     b: torch.Tensor
@@ -66,6 +70,7 @@ class Problem:
     state: Optional[torch.Tensor]
     precision: str
     memo: Optional[dict] = field(default=None, repr=False, compare=False)
+    reverse: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -77,6 +82,15 @@ class Problem:
         shape = B, H, n, r, self.v.shape[-1]
         self.__dict__["_shape"] = (self.b, self.v, shape)
         return shape
+
+    def rows(self, start: int, stop: int) -> "Problem":
+        """The sub-problem of rows [start, stop) of this problem (views, no copies; the states as they are).
+
+        For a reversed problem those are rows [n − stop, n − start) of its tensors, still reversed."""
+        n = self.b.shape[2]
+        lo, hi = (n - stop, n - start) if self.reverse else (start, stop)
+        return replace(self, b=self.b[:, :, lo:hi], c=self.c[:, :, lo:hi], v=self.v[:, :, lo:hi],
+                       out=self.out[:, :, lo:hi])
 
     @property
     def has_decay(self) -> bool:

@@ -39,6 +39,10 @@ segment-state kernels, and one program walks one segment (``SEGMENTED``);
 with few segments each program sums its start state from the segments' local
 states itself (``PREFIX``), which saves the scan's launch.
 Cost O(n T (r + d) + n r d); memory traffic b, c, v read once, o written once.
+
+The walk reads its rows only through the pointers and strides of ``problem_args``, so it runs a reversed
+problem (the backward's calls in reversed time: last row first, negated row strides, docs/design.md §10.3)
+unchanged, segments and all.
 """
 from __future__ import annotations
 

@@ -155,8 +155,8 @@ def reversed_call(op: Operator, b, c, v, gamma, layout: str, *, return_state: bo
     name = registry.canonical_method(spec["method"])
     if registry.user_method(name) is not None or registry.torch_method(name) is not None:
         return None
-    p, out = make_problem(b, c, v, gamma, layout=layout, return_state=return_state, precision=spec["precision"])
-    p.reverse = True
+    p, out = make_problem(b, c, v, gamma, layout=layout, return_state=return_state, precision=spec["precision"],
+                          reverse=True)
     if not run_reversed(p, name):
         return None
     return (out, p.state) if return_state else out

@@ -58,7 +58,7 @@ class Problem:
         reverse: the problem runs backwards in time (docs/design.md §10.3): its row t is row n − 1 − t
             of each of b, c, v and out (the states are not rows, and are as they are).  The kernels
             address the rows so (kernels/abi.py, ``problem_args``); only a method whose ``Method``
-            says ``reverse_rows`` may receive such a problem (plan.py, ``run_reversed``).
+            says ``runs_reversed`` may receive such a problem (plan.py, ``run_reversed``).
     """
 
     b: torch.Tensor
@@ -521,7 +521,7 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
 def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
                  precision: Optional[str] = None, where: str = "linear_attention",
                  device_types: tuple[str, ...] = DEVICE_TYPES,
-                 differentiable: bool = False) -> tuple[Problem, torch.Tensor]:
+                 differentiable: bool = False, reverse: bool = False) -> tuple[Problem, torch.Tensor]:
     """Validate a call and build its :class:`Problem`.
 
     ``device_types`` other than CPU and CUDA serve the package's own tools alone (the
@@ -530,6 +530,7 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     operations autograd records (the PyTorch methods, the oracle); otherwise a call whose
     inputs require grad is refused (a kernel launched on them would return an output without a
     ``grad_fn``).  A gamma that requires grad is refused either way (docs/design.md §10).
+    ``reverse=True`` builds a reversed problem (:attr:`Problem.reverse`: the backward's calls in reversed time).
 
     Returns the problem and the output tensor in the caller's layout (the
     problem's ``out`` is a view of it).  Raises ``TypeError``/``ValueError`` for
@@ -565,7 +566,8 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     out_shape = (B, H, n, d) if layout == "bhnd" else (B, n, H, d)
     out_user = new_empty(out_shape, v.dtype, device)
     state = new_empty((B, H, r, d), torch.float32, device) if return_state else None
-    problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee")
+    problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee",
+                      reverse=reverse)
     return problem, out_user
 
 

@@ -370,8 +370,7 @@ REVERSED_CASES = [
 
 def reversed_forward(method: str, case: Case, b, c, v, gamma, s0):
     """The output and final state of ``method`` run on the reversed problem of (b, c, v)."""
-    p, out = make_problem(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=True)
-    p.reverse = True
+    p, out = make_problem(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=True, reverse=True)
     assert run_reversed(p, method), f"{method}: refused a reversed problem"
     return out, p.state
 
@@ -424,8 +423,7 @@ def test_reversed_recurrence_in_pieces_of_rows(monkeypatch):
 def test_reversed_problem_rows_are_its_own():
     """Rows [a, z) of a reversed problem are rows [a, z) of the flipped tensors, still reversed."""
     b, c, v, _, _ = Case(1, 2, 11, 3, 4, seed=19).tensors(DEVICE)
-    p, _ = make_problem(b, c, v)
-    p.reverse = True
+    p, _ = make_problem(b, c, v, reverse=True)
     piece = p.rows(2, 7)
     assert piece.reverse and piece.shape[2] == 5
     for x, whole in ((piece.b, b), (piece.c, c), (piece.v, v)):
@@ -444,8 +442,7 @@ def test_reversed_problem_refused_where_rows_are_not_addressed(method, monkeypat
         method = "mine_for_reversal"
     try:
         b, c, v, _, _ = Case(1, 2, 11, 3, 4, seed=20).tensors(DEVICE)
-        p, out = make_problem(b, c, v, 0.9)
-        p.reverse = True
+        p, out = make_problem(b, c, v, 0.9, reverse=True)
         assert not run_reversed(p, method)
         assert out.isnan().all(), "an output was written"
         with pytest.raises(ValueError, match="run_reversed takes a reversed problem"):

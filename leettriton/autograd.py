@@ -11,9 +11,12 @@ element and head:
 db is the operator itself with (b, c, v, S₀) = (do, v, c, S₀ᵀ).  dc and dv are the operator run
 backwards in time: with rows reversed (flip along n), i ≥ j becomes i' ≤ j', so
 dc = flip(LA(flip(v), flip(do), flip(b))) and dv = flip(LA(flip(c), flip(b), flip(do))); the reversed
-dv call's final state is Σ_i γ^i b_iᵀ do_i, which gives dS₀.  The flips are copies made by one kernel
-(kernels/reverse.py): v, b and do reversed by one launch, then c, then each output back.  The terms in
-dS are one product each.
+dv call's final state is Σ_i γ^i b_iᵀ do_i, which gives dS₀.  No flip is a copy: each reversed call is a
+reversed problem (``Problem.reverse``), whose kernels read and write row t at row n − 1 − t of the
+tensors as they are (kernels/abi.py), so its output comes out in the caller's order.  Where the method
+that runs cannot address rows so (a user method, a PyTorch method, a backward with ``create_graph``),
+the flips are copies made by one kernel (kernels/reverse.py): v, b and do reversed by one launch, then
+c, then each output back (docs/design.md §10.3).  The terms in dS are one product each.
 Every decay factor is exp2(λ · distance) with distance ≥ 0: nothing is divided by a decay.
 
 So every method -- and ``auto``, which chooses again for each of the three calls -- has a backward
@@ -25,16 +28,22 @@ from typing import Callable, Optional
 
 import torch
 
-from .kernels.reverse import reverse_rows
-from .problem import resolve_gamma, to_bhnd
+from functools import partial
 
-__all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "add_state_term", "initial_state_grad",
-           "log2_gamma"]
+from . import registry
+from .kernels.reverse import reverse_rows
+from .plan import run_reversed
+from .problem import make_problem, requires_grad, resolve_gamma, to_bhnd
+
+__all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "reversed_call", "add_state_term",
+           "initial_state_grad", "log2_gamma"]
 
 Operator = Callable
 """``op(b, c, v, gamma, *, initial_state=None, return_state=False)`` -> ``o`` or ``(o, state)``: the
 forward operator with its method, layout and precision fixed (``functools.partial`` of
-``linear_attention``), called by the forward and by each of the three calls of the backward."""
+``linear_attention``), called by the forward and by each of the three calls of the backward.  The
+reversed calls read the method and precision from the partial's keywords (:func:`reversed_call`); any
+other callable is run on reversed copies."""
 
 
 class LinearAttentionFunction(torch.autograd.Function):
@@ -90,28 +99,79 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
     if need_b:
         # a gradient may come expanded (stride 0): the call gets a copy, freed when it returns
         db = op(grad_out.contiguous(), v, c, gamma, initial_state=None if s0 is None else s0.transpose(-1, -2))
-    if need_c or need_v or need_state:
-        # reversed copies (docs/design.md §10.3), each freed as soon as its last call has read it: peak memory
-        if need_c:
+    if not (need_c or need_v or need_state):
+        return db, dc, dv, state_rev
+    # the reversed calls read the tensors as they are (docs/design.md §10.3); a call whose method cannot
+    # takes reversed copies, each freed as soon as its last call has read it (peak memory), b and do shared
+    b_rev = do_rev = None
+    if need_c:
+        dc = reversed_call(op, v, grad_out, b, gamma, layout)
+        if dc is None:
             v_rev, b_rev, do_rev = reverse_rows([v, b, grad_out], layout, check=False)
             rev = op(v_rev, do_rev, b_rev, gamma)
             del v_rev
             if not (need_v or need_state):
-                del b_rev, do_rev
+                b_rev = do_rev = None
             (dc,) = reverse_rows([rev], layout, check=False)
             del rev
-        else:
-            b_rev, do_rev = reverse_rows([b, grad_out], layout, check=False)
-        if need_v or need_state:
+    if need_v or need_state:
+        res = reversed_call(op, c, b, grad_out, gamma, layout, return_state=need_state)
+        if res is None:
+            if b_rev is None:
+                b_rev, do_rev = reverse_rows([b, grad_out], layout, check=False)
             (c_rev,) = reverse_rows([c], layout, check=False)
             res = op(c_rev, b_rev, do_rev, gamma, return_state=need_state)
-            del c_rev, b_rev, do_rev
+            del c_rev
+            b_rev = do_rev = None
             rev, state_rev = res if need_state else (res, None)
             del res
             if need_v:
                 (dv,) = reverse_rows([rev], layout, check=False)
             del rev
+        else:
+            dv, state_rev = res if need_state else (res, None)
+            if not need_v:
+                dv = None
     return db, dc, dv, state_rev
+
+
+def reversed_call(op: Operator, b, c, v, gamma, layout: str, *, return_state: bool = False):
+    """flip(op(flip(b), flip(c), flip(v))) -- the operator run backwards in time -- with no copy, or None.
+
+    b, c, v in ``layout``, as they are (any strides).  The call is a reversed problem (``Problem.reverse``):
+    its row t is row n − 1 − t of each tensor and of the output, so the output comes back in the inputs'
+    order (docs/design.md §10.3).  With ``return_state``, ``(output, state)``: the reversed call's final
+    state, Σ_t γ^t c_tᵀ v_t over the tensors' own rows t.
+
+    Returns None, having run nothing, where the call needs reversed copies instead: ``op`` is not a
+    ``functools.partial`` of ``linear_attention`` (its method and precision are read from the keywords),
+    its method (or the one ``auto`` picks for this shape) does not address reversed rows (a user method,
+    a PyTorch method: CPU tensors outside the interpreter), or the call itself must be differentiable
+    (a backward with ``create_graph=True``, which nests the autograd node).
+    """
+    spec = _operator_keywords(op)
+    if spec is None or spec["layout"] != layout or requires_grad(b, c, v):
+        return None
+    name = registry.canonical_method(spec["method"])
+    if registry.user_method(name) is not None or registry.torch_method(name) is not None:
+        return None
+    p, out = make_problem(b, c, v, gamma, layout=layout, return_state=return_state, precision=spec["precision"],
+                          reverse=True)
+    if not run_reversed(p, name):
+        return None
+    return (out, p.state) if return_state else out
+
+
+def _operator_keywords(op: Operator) -> Optional[dict]:
+    """``method`` and ``precision`` of an operator that is ``partial(linear_attention, method=…, layout=…,
+    precision=…)`` (the layout is the caller's, passed along), else None."""
+    if not isinstance(op, partial) or op.args or getattr(op.func, "__name__", None) != "linear_attention":
+        return None
+    keywords = op.keywords
+    if set(keywords) != {"method", "layout", "precision"}:
+        return None
+    return keywords
+
 
 
 def log2_gamma(gamma, heads: int, device) -> Optional[torch.Tensor]:

@@ -21,7 +21,7 @@ from .autotune.families import Family, current_family, is_interpreting
 from .methods import Plan
 from .problem import Problem
 
-__all__ = ["Plan", "resolve", "run_problem", "choose", "fallback", "load_heuristics", "clear_plans", "known_call",
+__all__ = ["Plan", "resolve", "run_problem", "run_reversed", "choose", "fallback", "load_heuristics", "clear_plans", "known_call",
            "remember_call"]
 
 _DTYPE_NAMES = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
@@ -140,6 +140,29 @@ def run_problem(p: Problem, method: str, config: Optional[Mapping] = None) -> No
         return
     plan = resolve(p, method, config)
     plan.run(p, plan)
+
+
+def run_reversed(p: Problem, method: str) -> bool:
+    """Fill ``p.out`` (and ``p.state``) of a reversed problem (``p.reverse``: docs/design.md §10.3) with
+    registered ``method`` (or ``"auto"``), when the method that runs addresses reversed rows.
+
+    Returns False, having run nothing, when it does not (a user method, a PyTorch method -- what CPU
+    tensors run outside the interpreter --, or a built-in without ``runs_reversed``): the caller then
+    runs the method on reversed copies.  The plan is the one of the same problem run forwards (the
+    addressing changes no choice of method, config or schedule).
+    """
+    if not p.reverse:
+        raise ValueError("run_reversed takes a reversed problem (Problem.reverse); run_problem runs the others")
+    B, H, n, r, d = p.shape
+    if n == 0 or B == 0 or H == 0:
+        run_problem(p, method)   # no rows: nothing is addressed
+        return True
+    plan = resolve(p, method)
+    builtin = registry.builtin(plan.method)
+    if builtin is None or not builtin.runs_reversed:
+        return False
+    plan.run(p, plan)
+    return True
 
 
 def load_heuristics(path: Optional[str], family: Optional[str] = None):

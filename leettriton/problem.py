@@ -11,7 +11,7 @@ import math
 import numbers
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -55,6 +55,10 @@ class Problem:
         memo: None, or a dictionary shared by every call of one signature (shapes, strides, dtypes,
             devices, flags, γ's kind, method: docs/design.md §4.5), where a launcher may keep what it
             derives from those alone (its direct launches) for the next call of the signature.
+        reverse: the problem runs backwards in time (docs/design.md §10.3): its row t is row n − 1 − t
+            of each of b, c, v and out (the states are not rows, and are as they are).  The kernels
+            address the rows so (kernels/abi.py, ``problem_args``); only a method whose ``Method``
+            says ``runs_reversed`` may receive such a problem (plan.py, ``run_reversed``).
     """
 
     b: torch.Tensor
@@ -66,6 +70,7 @@ class Problem:
     state: Optional[torch.Tensor]
     precision: str
     memo: Optional[dict] = field(default=None, repr=False, compare=False)
+    reverse: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -77,6 +82,15 @@ class Problem:
         shape = B, H, n, r, self.v.shape[-1]
         self.__dict__["_shape"] = (self.b, self.v, shape)
         return shape
+
+    def rows(self, start: int, stop: int) -> "Problem":
+        """The sub-problem of rows [start, stop) of this problem (views, no copies; the states as they are).
+
+        For a reversed problem those are rows [n − stop, n − start) of its tensors, still reversed."""
+        n = self.b.shape[2]
+        lo, hi = (n - stop, n - start) if self.reverse else (start, stop)
+        return replace(self, b=self.b[:, :, lo:hi], c=self.c[:, :, lo:hi], v=self.v[:, :, lo:hi],
+                       out=self.out[:, :, lo:hi])
 
     @property
     def has_decay(self) -> bool:
@@ -533,7 +547,7 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
 def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
                  precision: Optional[str] = None, where: str = "linear_attention",
                  device_types: tuple[str, ...] = DEVICE_TYPES,
-                 differentiable: bool = False) -> tuple[Problem, torch.Tensor]:
+                 differentiable: bool = False, reverse: bool = False) -> tuple[Problem, torch.Tensor]:
     """Validate a call and build its :class:`Problem`.
 
     ``device_types`` other than CPU and CUDA serve the package's own tools alone (the
@@ -542,6 +556,7 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     operations autograd records (the PyTorch methods, the oracle); otherwise a call whose
     inputs require grad is refused (a kernel launched on them would return an output without a
     ``grad_fn``).  A gamma that requires grad is refused either way (docs/design.md §10).
+    ``reverse=True`` builds a reversed problem (:attr:`Problem.reverse`: the backward's calls in reversed time).
 
     Returns the problem and the output tensor in the caller's layout (the
     problem's ``out`` is a view of it).  Raises ``TypeError``/``ValueError`` for
@@ -577,7 +592,8 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     out_shape = (B, H, n, d) if layout == "bhnd" else (B, n, H, d)
     out_user = new_empty(out_shape, v.dtype, device)
     state = new_empty((B, H, r, d), torch.float32, device) if return_state else None
-    problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee")
+    problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee",
+                      reverse=reverse)
     return problem, out_user
 
 

@@ -2,6 +2,7 @@
 
     python perf/profile_backward.py --batch 16 --n 8192            # on the GPU: heads 32, r = d = 128, float16
     python perf/profile_backward.py --batch 1 --n 2048 --dtype bfloat16 --method lightning_attention
+    python perf/profile_backward.py --batch 16 --n 8192 --compare  # reversed problems against reversed copies
 
 One step is ``o = linear_attention(b, c, v, γ)`` then ``torch.autograd.grad(o, (b, c, v), do)`` with a random
 ``do`` and the per-head decays of every bench.  Two steps warm up (compile, autotune); the step's wall
@@ -9,6 +10,11 @@ time is then timed (median of ``bench.time_ms``), and ``--steps`` steps run unde
 Printed: the wall time per step; the GPU time per step of each kernel (reversed copies, chunk walks,
 ...) with its launches per step; the host (CPU) time of the backward node per step; and the profiler's
 own table (``--rows`` rows, by GPU time).
+
+The backward's reversed-time calls run as reversed problems (no copies, docs/design.md §10.3).  ``--copies``
+profiles the path that makes reversed copies instead (what a method without reversed addressing takes), by
+having ``leettriton.autograd.reversed_call`` decline every call; ``--compare`` first times a step both ways in
+the same run, and checks that the two give the same gradients.
 
 Without a GPU it runs tiny shapes (heads 2, n 64, r = d = 16) under Triton's interpreter, so the node
 and the reversal kernel take their CUDA path's steps: a check of the script's logic, not a measurement.
@@ -34,6 +40,9 @@ def main(argv=None) -> int:
     ap.add_argument("--method", default="auto")
     ap.add_argument("--steps", type=int, default=3, help="training steps under the profiler")
     ap.add_argument("--rows", type=int, default=25, help="rows of the profiler's table")
+    ap.add_argument("--copies", action="store_true", help="profile the backward on reversed copies")
+    ap.add_argument("--compare", action="store_true",
+                    help="first time a step with reversed problems and with reversed copies (same run)")
     args = ap.parse_args(argv)
 
     import torch
@@ -64,6 +73,27 @@ def main(argv=None) -> int:
         o = leettriton.linear_attention(*leaves, gamma, method=args.method, layout=args.layout)
         return torch.autograd.grad(o, leaves, do)
 
+    import leettriton.autograd as node
+    reversed_call = node.reversed_call
+
+    def use_copies(on: bool) -> None:
+        # the copy path: every reversed call declines, so the backward reverses copies (a measurement switch)
+        node.reversed_call = (lambda *a, **k: None) if on else reversed_call
+
+    if args.compare:
+        got = {}
+        for label, on in (("reversed problems", False), ("reversed copies", True)):
+            use_copies(on)
+            for _ in range(2):
+                got[label] = step()
+            if cuda:
+                torch.cuda.synchronize()
+                print(f"  wall time per step, {label}: {bench.time_ms(step)[0]:.3f} ms (median)")
+        worst = max(float((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30))
+                    for x, y in zip(*got.values()))
+        print(f"  gradients, reversed problems against reversed copies: largest relative difference {worst:.2e}")
+    use_copies(args.copies)
+    print(f"  profiled: the backward on {'reversed copies' if args.copies else 'reversed problems'}")
     for _ in range(2):
         step()
     if cuda:

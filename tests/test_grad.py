@@ -22,7 +22,8 @@ from leettriton.autotune import current_family
 from leettriton.kernels import reverse_space
 from leettriton.kernels.reverse import reverse_rows
 from leettriton.methods import BUILTIN_METHODS
-from leettriton.problem import Problem, resolve_gamma, to_bhnd
+from leettriton.plan import run_reversed
+from leettriton.problem import Problem, make_problem, resolve_gamma, to_bhnd
 
 METHODS = list(leettriton.METHODS)
 MAX_N = 200 if HAS_GPU else 40
@@ -277,21 +278,10 @@ def test_reverse_rows_refuses_bad_input():
         reverse_rows([x], "bhdn")
 
 
-@pytest.mark.parametrize("needs", ["bcv", "c", "v", "bs"])
-def test_backward_reverses_with_one_launch_per_group(needs, monkeypatch):
-    """The backward's reversed copies are made by the reversal kernel (no torch.flip): v, b and do by one
-    launch, c by one, each output back by one; without dc, b and do by one."""
-    case = Case(1, 2, 19, 5, 6, dtype=torch.float16, gamma=0.9, initial="s" in needs, seed=3)
-    b, c, v, gamma, s0 = case.tensors(DEVICE)
-    leaves = dict(b=b, c=c, v=v, s=s0)
-    for k, x in leaves.items():
-        if x is not None:
-            x.requires_grad_(k in needs)
-    out = leettriton.linear_attention(b, c, v, gamma, method="lightning_attention", initial_state=s0,
-                                      return_state=True)[0]
-    # one reverse_rows call is one launch (test_reverse_rows_equals_flip); the calls are counted where the
-    # backward makes them, since on CUDA autograd runs the backward in a thread of its own, where a launch
-    # recorder (thread-local) would not see them
+def count_reversals(monkeypatch) -> list:
+    """The tensor counts of every ``reverse_rows`` call the backward makes from now on.  One call is one launch
+    (test_reverse_rows_equals_flip); the calls are counted where the backward makes them, since on CUDA autograd
+    runs the backward in a thread of its own, where a launch recorder (thread-local) would not see them."""
     counts = []
 
     def counting(tensors, *args, **kwargs):
@@ -299,9 +289,176 @@ def test_backward_reverses_with_one_launch_per_group(needs, monkeypatch):
         return reverse_rows(tensors, *args, **kwargs)
 
     monkeypatch.setattr(leettriton.autograd, "reverse_rows", counting)
-    out.backward(torch.ones_like(out))
+    return counts
+
+
+def backward_of(method: str, needs: str, layout: str = "bhnd", counts_from=None, grad=None):
+    """The gradients of ``needs`` of one call of ``method`` (float16, decay, returned state) for the output
+    gradient ``grad(out)`` (default: ones); ``counts_from(...)`` starts counting just before the backward."""
+    case = Case(1, 2, 19, 5, 6, dtype=torch.float16, layout=layout, gamma=0.9, initial="s" in needs, seed=3)
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    leaves = dict(b=b, c=c, v=v, s=s0)
+    for k, x in leaves.items():
+        if x is not None:
+            x.requires_grad_(k in needs)
+    out = leettriton.linear_attention(b, c, v, gamma, method=method, layout=layout, initial_state=s0,
+                                      return_state=True)[0]
+    counts = counts_from() if counts_from is not None else None
+    out.backward(torch.ones_like(out) if grad is None else grad(out))
+    return {k: leaves[k].grad for k in needs}, counts
+
+
+@pytest.mark.parametrize("needs", ["bcv", "c", "v", "bs"])
+@pytest.mark.parametrize("method", list(BUILTIN_METHODS) + ["auto"])
+def test_backward_makes_no_reversed_copies(method, needs, monkeypatch):
+    """The Triton methods run the reversed calls on the tensors as they are (reversed problems, docs/design.md
+    §10.3): the backward makes no reversal launch at all."""
+    _, counts = backward_of(method, needs, counts_from=lambda: count_reversals(monkeypatch))
+    assert counts == [], f"{method}, grads of {needs}: reversal launches of {counts} tensors, expected none"
+
+
+@pytest.mark.parametrize("needs", ["bcv", "c", "v", "bs"])
+def test_copy_path_reverses_with_one_launch_per_group(needs, monkeypatch):
+    """A method that cannot address reversed rows (here a user method) gets reversed copies from the reversal
+    kernel (no torch.flip): v, b and do by one launch, c by one, each output back by one; without dc, b and do
+    by one.  Its gradients equal those of the built-in walk, which makes no copies."""
+    def mine(b, c, v, gamma, *, initial_state=None, return_state=False):
+        res = leettriton.reference(b, c, v, gamma, initial_state=initial_state, return_state=return_state)
+        return (res[0].to(v.dtype), res[1].float()) if return_state else res.to(v.dtype)
+
+    leettriton.register_method("mine_for_copy_test", mine)
+    try:
+        got, counts = backward_of("mine_for_copy_test", needs, counts_from=lambda: count_reversals(monkeypatch))
+    finally:
+        leettriton.unregister_method("mine_for_copy_test")
     want = {"bcv": [3, 1, 1, 1], "c": [3, 1], "v": [2, 1, 1], "bs": [2, 1]}[needs]
     assert counts == want, f"grads of {needs}: reversal launches of {counts} tensors, expected {want}"
+    walk, _ = backward_of("lightning_attention", needs)
+    for k in needs:
+        assert_close(got[k], walk[k].float(), tolerance(torch.float16), f"d{k}: copies (reference) vs reversed walk")
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_reversed_calls_read_an_expanded_gradient(method, layout):
+    """An output gradient expanded from one value (stride 0 everywhere: ``out.sum().backward()``) is read as it
+    is by the reversed calls; the gradients are bit for bit those of the same gradient made contiguous."""
+    expanded, _ = backward_of(method, "bcvs", layout, grad=lambda out: torch.ones(1, dtype=out.dtype,
+                                                                                device=out.device).expand_as(out))
+    dense, _ = backward_of(method, "bcvs", layout)
+    for k in "bcvs":
+        assert torch.equal(expanded[k], dense[k]), f"{method} d{k}: expanded gradient differs from a contiguous one"
+
+
+# --------------------------------------------------------------------------- reversed problems (§10.3)
+
+REVERSED_CASES = [
+    # odd n, every input a strided slice in the FlashAttention layout, an initial state, per-head γ with 1 among them
+    Case(2, 2, 37, 5, 7, layout="bnhd", gamma="tensor", gammas=(1.0, 0.9), initial=True, noncontiguous=True,
+         seed=11),
+    # fewer rows than one chunk; one row; none
+    Case(1, 2, 5, 3, 4, dtype=torch.float16, gamma=0.9, seed=12),
+    Case(1, 1, 1, 3, 4, dtype=torch.bfloat16, layout="bnhd", gamma=0.5, initial=True, seed=13),
+    Case(1, 2, 0, 3, 4, gamma=0.9, initial=True, seed=14),
+    # several segments (under the interpreter 40 rows each: three, summed by each walk program, and five, by the
+    # scan; on a GPU segments are 1024 rows or more), odd n, strided
+    Case(1, 2, 101 if not HAS_GPU else 2500, 4, 6, dtype=torch.float16, layout="bnhd", gamma=0.95, initial=True,
+         noncontiguous=True, seed=15),
+    Case(1, 1, 163 if not HAS_GPU else 5001, 3, 5, gamma=0.99, initial=True, noncontiguous=True, seed=16),
+]
+
+
+def reversed_forward(method: str, case: Case, b, c, v, gamma, s0):
+    """The output and final state of ``method`` run on the reversed problem of (b, c, v)."""
+    p, out = make_problem(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=True, reverse=True)
+    assert run_reversed(p, method), f"{method}: refused a reversed problem"
+    return out, p.state
+
+
+def assert_reversed_equals_flipped(method: str, case: Case, b, c, v, gamma, s0) -> None:
+    """``method`` on the reversed problem of (b, c, v) equals, bit for bit, ``method`` on flipped copies of them
+    with its output flipped back (the same rows in the same order reach the kernels), and its final state."""
+    axis = 2 if case.layout == "bhnd" else 1
+    out, state = reversed_forward(method, case, b, c, v, gamma, s0)
+    want, want_state = leettriton.linear_attention(b.flip(axis), c.flip(axis), v.flip(axis), gamma, method=method,
+                                                   layout=case.layout, initial_state=s0, return_state=True)
+    want = want.flip(axis)
+    for what, x, y in (("output", out, want), ("final state", state, want_state)):
+        if not torch.equal(x, y):
+            bad = (x != y).nonzero()[0].tolist()   # NaN (an element left unwritten) differs from everything
+            raise AssertionError(f"{method} [{case.id}]: the reversed problem's {what} differs from the forward on "
+                                 f"flipped copies, first at {bad}: {x[tuple(bad)].item()} vs {y[tuple(bad)].item()}")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in REVERSED_CASES])
+@pytest.mark.parametrize("method", BUILTIN_METHODS)
+def test_reversed_problem_equals_forward_on_flipped_copies(method, case):
+    assert_reversed_equals_flipped(method, case, *case.tensors(DEVICE))
+
+
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_reversed_problem_in_pieces_of_r(method):
+    """r past the walk's 256 keys: pieces of r (kernels/pieces.py) over one float32 buffer, each reversed."""
+    case = Case(1, 1, 45 if not HAS_GPU else 3000, 260, 3, dtype=torch.float16, gamma=0.9, initial=True, seed=17)
+    assert_reversed_equals_flipped(method, case, *case.tensors(DEVICE))
+
+
+def test_reversed_recurrence_in_pieces_of_rows(monkeypatch):
+    """causal_dot_product cuts a sequence whose 32-bit row offsets would overflow into pieces chained through the
+    state; a reversed problem's pieces are its own rows (``Problem.rows``).  The bound is lowered here so that
+    a 50-row sequence runs as pieces of 9 rows."""
+    from leettriton.methods.causal_dot_product import kernels as cdp, space as cdp_space
+
+    case = Case(1, 2, 50, 4, 6, layout="bnhd", gamma=0.9, initial=True, noncontiguous=True, seed=18)
+    b, c, v, gamma, s0 = case.tensors(DEVICE)
+    row_stride = max(x.stride(1) for x in (b, c, v))     # bnhd: the row stride (the output's is smaller)
+    monkeypatch.setattr(cdp, "_MAX_OFFSET", row_stride * (9 + 2 * cdp_space.MAX_BT))
+    launches = []
+    real = cdp._launch
+    monkeypatch.setattr(cdp, "_launch", lambda p, config: (launches.append(p.shape[2]), real(p, config)))
+    assert_reversed_equals_flipped("causal_dot_product", case, b, c, v, gamma, s0)
+    assert launches[:6] == [9] * 5 + [5], launches      # the reversed call's pieces, then the flipped call's
+
+
+def test_reversed_problem_rows_are_its_own():
+    """Rows [a, z) of a reversed problem are rows [a, z) of the flipped tensors, still reversed."""
+    b, c, v, _, _ = Case(1, 2, 11, 3, 4, seed=19).tensors(DEVICE)
+    p, _ = make_problem(b, c, v, reverse=True)
+    piece = p.rows(2, 7)
+    assert piece.reverse and piece.shape[2] == 5
+    for x, whole in ((piece.b, b), (piece.c, c), (piece.v, v)):
+        assert torch.equal(x.flip(2), whole.flip(2)[:, :, 2:7])
+
+
+@pytest.mark.parametrize("method", ["lightning_attention_torch", "user"])
+def test_reversed_problem_refused_where_rows_are_not_addressed(method, monkeypatch):
+    """A method whose rows are not addressed through the kernel ABI (a PyTorch method, a user method) runs
+    nothing on a reversed problem: ``run_reversed`` says so and the backward makes copies instead."""
+    def mine(b, c, v, gamma, *, initial_state=None, return_state=False):
+        raise AssertionError("a user method was called on a reversed problem")
+
+    if method == "user":
+        leettriton.register_method("mine_for_reversal", mine)
+        method = "mine_for_reversal"
+    try:
+        b, c, v, _, _ = Case(1, 2, 11, 3, 4, seed=20).tensors(DEVICE)
+        p, out = make_problem(b, c, v, 0.9, reverse=True)
+        assert not run_reversed(p, method)
+        assert out.isnan().all(), "an output was written"
+        with pytest.raises(ValueError, match="run_reversed takes a reversed problem"):
+            run_reversed(make_problem(b, c, v)[0], "lightning_attention")
+    finally:
+        if method == "mine_for_reversal":
+            leettriton.unregister_method(method)
+
+
+@pytest.mark.parametrize("method", ["block_based", "fleet_attention", "recursion"])
+def test_gradients_over_several_segments(method):
+    """The backward of the methods that cut the sequence into segments (or leaves), with sequences long enough
+    for several of them: the reversed calls' segment states run on the reversed rows too."""
+    n = 130 if not HAS_GPU else 5000
+    check_gradients(method, Case(1, 2, n, 5, 6, dtype=torch.float16, layout="bnhd", gamma="tensor",
+                                 gammas=(0.99, 0.8), initial=True, noncontiguous=True, seed=21))
 
 
 # --------------------------------------------------------------------------- gradcheck in float64

@@ -16,6 +16,16 @@ arguments.  Kernels read strides, so any layout and any non-contiguous view
 runs without a copy.  A kernel starts with :func:`batch_head` and
 :func:`head_ptrs` (or :func:`head_ptr`): its pointers moved to its batch
 element and head.
+
+A reversed problem (``Problem.reverse``: the backward's calls in reversed time,
+docs/design.md §10.3) gets, for each of b, c, v and the output, a view that
+starts at the tensor's last row as the pointer and the row stride negated, so
+that row t is read and written at base + (n − 1 − t) · row stride: the kernels
+run unchanged and no reversed copy is made.  Triton specialises a negative
+stride as any integer (a multiple of 16 is marked so; only +1 becomes a
+constant), and the offsets are those of the forward's rows, in the same 32- and
+64-bit arithmetic, with the sign flipped.  A problem that is not reversed gets
+exactly the arguments it always did.
 """
 from __future__ import annotations
 
@@ -47,7 +57,7 @@ def _problem_args(p: Problem) -> dict:
     gamma = p.gamma if p.gamma is not None else p.out
     s0 = p.initial_state if p.initial_state is not None else p.out
     st = p.state if p.state is not None else p.out
-    return dict(
+    args = dict(
         b_ptr=p.b, c_ptr=p.c, v_ptr=p.v, o_ptr=p.out, gamma_ptr=gamma, s0_ptr=s0, st_ptr=st,
         b_strides=strides(p.b), c_strides=strides(p.c), v_strides=strides(p.v), o_strides=strides(p.out),
         s0_strides=strides(s0), st_strides=strides(st),
@@ -57,6 +67,19 @@ def _problem_args(p: Problem) -> dict:
         STORE_STATE=p.state is not None,
         DOT_PRECISION=dot_precision(p),
     )
+    if p.reverse:
+        for name, x in (("b", p.b), ("c", p.c), ("v", p.v), ("o", p.out)):
+            args[f"{name}_ptr"], args[f"{name}_strides"] = reversed_rows(x)
+    return args
+
+
+def reversed_rows(x):
+    """(pointer, strides) that address the rows of a ``(B, H, n, dim)`` tensor from the last to the first:
+    a view of ``x`` starting at its last row, and its strides with the row stride negated, so that row t
+    lies at base + (n − 1 − t) · row stride (docs/design.md §10.3).  With no rows, ``x`` itself."""
+    n = x.shape[2]
+    s = x.stride()
+    return (x.narrow(2, n - 1, 1) if n > 0 else x), (s[0], s[1], -s[2], s[3])
 
 
 def strides(x) -> tuple[int, ...]:

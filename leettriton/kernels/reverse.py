@@ -1,7 +1,9 @@
 """Row reversal: copies of up to three tensors with the rows of each head in reverse order.
 
-The backward runs the operator backwards in time on reversed copies of its inputs and reverses two of
-its outputs back (docs/design.md §10.3).  Each copy is one read and one write of the tensor: a program
+The backward runs the operator backwards in time.  The built-in Triton methods do that on the tensors as
+they are (reversed problems: docs/design.md §10.3); a call whose method cannot (a user method, a PyTorch
+method, a backward with ``create_graph``) runs on reversed copies of its inputs made here, and its output
+is reversed back.  Each copy is one read and one write of the tensor: a program
 moves a [BN, BD] tile of one head's rows, row i to row n − 1 − i, reading any strides (a ``bnhd``
 view, a non-contiguous slice, a gradient expanded with stride 0) and writing a new tensor contiguous in
 the caller's layout.  Rows are read and written whole, so both sides are coalesced along the columns.

@@ -55,6 +55,10 @@ class Method:
         torch_twin: the PyTorch version, ``twin(problem)``, run for CPU tensors outside the interpreter.
         schedule: ``schedule(problem, family, configs) -> dict``: the method's launch parameters for
             this shape (segment or leaf length), part of the plan.
+        runs_reversed: ``launch`` runs a reversed problem (``Problem.reverse``, docs/design.md §10.3)
+            correctly: every kernel it launches takes b, c, v and the output from ``problem_args``,
+            and the launcher cuts the sequence only through ``Problem.rows``.  A method without it
+            gets reversed copies from the backward instead.
     """
 
     name: str
@@ -62,3 +66,4 @@ class Method:
     spaces: tuple[KernelSpace, ...]
     torch_twin: Callable[[Problem], None]
     schedule: Callable[[Problem, Family, Optional[Mapping]], Mapping[str, Any]] = no_schedule
+    runs_reversed: bool = False

@@ -15,4 +15,5 @@ METHOD = Method(
     spaces=(space.FWD, SEGMENTS.STATE, SEGMENTS.SCAN),
     torch_twin=block_based_torch,
     schedule=space.schedule,
+    runs_reversed=True,
 )

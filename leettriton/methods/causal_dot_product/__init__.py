@@ -13,4 +13,5 @@ METHOD = Method(
     launch=causal_dot_product_fwd,
     spaces=(space.FWD,),
     torch_twin=causal_dot_product_torch,
+    runs_reversed=True,
 )

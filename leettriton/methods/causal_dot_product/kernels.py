@@ -214,7 +214,10 @@ def _causal_dot_product_fwd_kernel(
 
 
 def _keys_per_word(p: Problem) -> int:
-    """2 when rows of b and c can be read as 32-bit words holding two 16-bit keys, else 1."""
+    """2 when rows of b and c can be read as 32-bit words holding two 16-bit keys, else 1.
+
+    The same for a reversed problem (docs/design.md §10.3): its last row, where the kernel's pointer
+    starts, is as aligned as the first when the row stride is even."""
     if p.b.dtype == torch.float32 or p.b.shape[-1] % 2:
         return 1
     for x in (p.b, p.c):
@@ -228,7 +231,9 @@ def _launch(p: Problem, config: Optional[Mapping]) -> None:
     args = problem_args(p)
     args["BK"] = spaces.key_tile(r)
     kw = _keys_per_word(p)
-    args.update(RW=-(-r // kw), stride_bnw=p.b.stride(2) // kw, stride_cnw=p.c.stride(2) // kw, KW=kw)
+    # the row strides the kernel is given (negated for a reversed problem), in words
+    args.update(RW=-(-r // kw), stride_bnw=args["b_strides"][2] // kw, stride_cnw=args["c_strides"][2] // kw,
+                KW=kw)
     grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     launch(_causal_dot_product_fwd_kernel, grid, (config or {}).get(spaces.FWD.name), **args)
 
@@ -254,7 +259,6 @@ def causal_dot_product_fwd(p: Problem, plan: Plan) -> None:
     initial = p.initial_state
     for a in range(0, n, rows):
         z = min(n, a + rows)
-        piece = dataclasses.replace(p, b=p.b[:, :, a:z], c=p.c[:, :, a:z], v=p.v[:, :, a:z], out=p.out[:, :, a:z],
-                                    initial_state=initial, state=state)
+        piece = dataclasses.replace(p.rows(a, z), initial_state=initial, state=state)
         _launch(piece, config)
         initial = state

@@ -15,4 +15,5 @@ METHOD = Method(
     spaces=(space.FWD, SEGMENTS.STATE, SEGMENTS.SCAN),
     torch_twin=fleet_attention_torch,
     schedule=space.schedule,
+    runs_reversed=True,
 )

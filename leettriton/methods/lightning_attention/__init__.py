@@ -13,4 +13,5 @@ METHOD = Method(
     launch=lightning_attention_fwd,
     spaces=(space.FWD,),
     torch_twin=lightning_attention_torch,
+    runs_reversed=True,
 )

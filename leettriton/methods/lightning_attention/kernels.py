@@ -39,6 +39,10 @@ segment-state kernels, and one program walks one segment (``SEGMENTED``);
 with few segments each program sums its start state from the segments' local
 states itself (``PREFIX``), which saves the scan's launch.
 Cost O(n T (r + d) + n r d); memory traffic b, c, v read once, o written once.
+
+The walk reads its rows only through the pointers and strides of ``problem_args``, so it runs a reversed
+problem (the backward's calls in reversed time: last row first, negated row strides, docs/design.md §10.3)
+unchanged, segments and all.
 """
 from __future__ import annotations
 
@@ -362,7 +366,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     last segment's programs write the final state.
     """
     memo, mark = p.memo, (kernel, seg_len, prefix, ws is None, p.b.shape[-1])
-    if memo is not None:
+    if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
         # a call of a signature walked before: every argument but the tensors is what it was then (the
         # memo's signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds:
         # the segments, and r, which differs between pieces of r)
@@ -389,7 +393,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, cu_ptr=ws, slot_ptr=ws, init_ptr=ws, NSLOTS=0, SEGMENTED=segmented,
                 PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
-    if memo is not None and again is not None:
+    if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
 
 

@@ -15,4 +15,5 @@ METHOD = Method(
     spaces=(space.FWD, space.LEVEL, SEGMENTS.STATE),
     torch_twin=recursion_torch,
     schedule=space.schedule,
+    runs_reversed=True,
 )

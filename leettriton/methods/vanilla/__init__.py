@@ -14,4 +14,5 @@ METHOD = Method(
     launch=vanilla_fwd,
     spaces=(space.FWD, SEGMENTS.STATE),
     torch_twin=vanilla_torch,
+    runs_reversed=True,
 )

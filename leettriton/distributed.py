@@ -449,7 +449,9 @@ def local_pass(p: Problem, name: str = "auto") -> tuple[torch.Tensor, Callable[[
         segmented = seg_len < n
     if not segmented:
         return slice_state(p, name), lambda start: run_problem(replace(plain, initial_state=start), name)
-    ws = segments.segment_local_states(replace(plain, initial_state=None), seg_len, plan.configs, last=True)
+    # the state kernel as slice_state runs it (its own tuning: here it is a pass of its own over every segment,
+    # not the plan's first stage), the walk with the plan's configs
+    ws = segments.segment_local_states(replace(plain, initial_state=None), seg_len, None, last=True)
     return (_sum_segments(ws, seg_len, n, p.gamma, p.initial_state),
             lambda start: walk_segments(replace(plain, initial_state=start), plan, ws))
 

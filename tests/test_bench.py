@@ -508,7 +508,7 @@ def test_host_overhead_script_on_cpu():
     assert "launches stubbed, family h100" in lines[0]
     timed = {line.split()[0]: float(line.split()[1]) for line in lines[1:]}
     assert set(timed) == {"auto", "vanilla", "causal_dot_product", "block_based", "recursion",
-                          "lightning_attention", "fleet_attention", "decode_step"}
+                          "lightning_attention", "fleet_attention", "decode_step", "decode_step_slots"}
     assert all(0 < us < 1e6 for us in timed.values())
 
 

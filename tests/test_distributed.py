@@ -443,6 +443,7 @@ def test_the_output_pass_walks_from_the_state_pass_segments(monkeypatch, lengths
     segment's local state once, and the output pass makes no segment-state pass of its own."""
     import leettriton.methods.block_based.kernels as block_based
     from leettriton.kernels import segments
+    from leettriton.autotune.families import is_interpreting
 
     state_passes = {"local_pass": 0, "output pass": 0}
 
@@ -462,7 +463,10 @@ def test_the_output_pass_walks_from_the_state_pass_segments(monkeypatch, lengths
     ref, ref_state = reference(b, c, v, gamma, initial_state=s0, return_state=True)
     assert_close(out, ref, tolerance(dtype), "output")
     assert_close(state, ref_state, tolerance(dtype), "state")
-    assert state_passes == {"local_pass": sum(n > 40 for n in lengths), "output pass": 0}, state_passes
+    # the slices cut into segments: under the interpreter those past 40 rows; CPU tensors outside it (a machine
+    # with a GPU) run block_based's PyTorch twin, which shares nothing
+    segmented = sum(n > 40 for n in lengths) if is_interpreting() else 0
+    assert state_passes == {"local_pass": segmented, "output pass": 0}, state_passes
 
 
 def test_importing_leettriton_does_not_import_the_distributed_module():

@@ -265,11 +265,13 @@ def test_slotted_decode_repeats_through_the_pytorch_step(monkeypatch):
     and the output without their token axis."""
     monkeypatch.setattr(decode, "is_interpreting", lambda: False)
     api._TOKEN_STEPS.clear()
-    pool = rand(4, H, R, D, seed=1)
+    cpu = lambda x: x.cpu()  # noqa: E731  (the suite's device may be CUDA: this is the CPU path)
+    pool = cpu(rand(4, H, R, D, seed=1))
     gamma = torch.tensor([0.9, 0.5, 1.0])
     for seed, rows in ((2, [3, -1]), (5, [0, 2]), (8, [1, 3])):
         slots = torch.tensor(rows)
-        b_t, c_t, v_t = rand(B, H, R, seed=seed), rand(B, H, R, seed=seed + 1), rand(B, H, D, seed=seed + 2)
+        b_t, c_t, v_t = (cpu(rand(B, H, R, seed=seed)), cpu(rand(B, H, R, seed=seed + 1)),
+                         cpu(rand(B, H, D, seed=seed + 2)))
         live = [i for i, s in enumerate(rows) if s >= 0]
         used = [rows[i] for i in live]
         expect_o, expect_s = decode_oracle(b_t[live], c_t[live], v_t[live], pool[used].clone(), gamma)

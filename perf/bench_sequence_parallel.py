@@ -60,6 +60,8 @@ def parse(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-single", action="store_true", help="skip the one-GPU call (when n does not fit one GPU)")
     p.add_argument("--check", action="store_true", help="correctness mode: every rank against a one-GPU call")
+    p.add_argument("--trace", metavar="DIR", help="after the timing, profile three distributed calls and write the "
+                   "first and last ranks' timelines to DIR/sp_x<N>_rank<K>.json (chrome trace)")
     p.add_argument("--check-n", type=int, default=65536, help="sequence length of --check (default 65 536)")
     p.add_argument("--simulate", metavar="N,N,...", help="one device: the ranks as slices, for these rank counts")
     p.add_argument("--link-gbs", type=float, default=150.0,
@@ -185,6 +187,8 @@ def run_timing(job: Job, args, argv) -> None:
     # (repeated here on one workspace: the timing, not the values, counts)
     output = timed(job, lambda: output_pass(start), args.reps, args.warmup)
     single = job.gather(list(single) if single[0] is not None else [float("nan")] * 3)[0]
+    if args.trace:
+        trace(job, args.trace, lambda: sp.linear_attention(b, c, v, gamma, method=args.method))
     if job.rank != 0:
         return
 
@@ -215,6 +219,22 @@ def run_timing(job: Job, args, argv) -> None:
                    f"≥ {goal}×", None if speed is None or not on_gpu else speed >= goal)
     rep.target("communication share", f"{share:.1%}", "≤ 10%", share <= 0.10 if on_gpu and job.on else None)
     rep.finish(args.out)
+
+
+def trace(job: Job, folder: str, fn) -> None:
+    """Three calls of ``fn`` on every rank under torch.profiler (each after a barrier); the first and last
+    ranks write their timelines (host calls and kernels) as chrome traces into ``folder``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if job.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            job.barrier()
+            fn()
+            bench.sync(job.device)
+    if job.rank in (0, job.world - 1):
+        os.makedirs(folder, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(folder, f"sp_x{job.world}_rank{job.rank}.json"))
 
 
 def run_check(job: Job, args, argv) -> None:

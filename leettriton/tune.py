@@ -8,9 +8,16 @@ config, and how it was measured go to ``leettriton/autotune/heuristics/<family>.
 resumes where it stopped (``--restart`` starts over); ``--max-minutes`` stops
 cleanly after that long, and ``--dtypes`` / ``--methods`` shard the work.
 
+Each point records the code and date it was measured with (``"measured"``: git SHA,
+date, torch and triton versions).  ``--remeasure`` measures again every point of
+the selected grid that was measured with other code than the current commit (and
+keeps the file's other points): after a kernel change, the same command brings
+the grid up to date, and rerun after an interruption it resumes.
+
     python -m leettriton.tune --gpu h100 --quick            # a few minutes
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
     python -m leettriton.tune --gpu h100 --rd 128x128 --bh 8,32,128 --n 1024,4096   # a grid of one's own
+    python -m leettriton.tune --gpu h100 --quick --remeasure  # the quick grid's points, on today's code
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ GRIDS = {
 }
 SLOWER_THAN_BEST_TO_DROP = 10.0  # a method this many times slower than the best is not run at larger n
 MEMORY_FRACTION = 0.45           # points whose inputs and output would exceed this share of memory are skipped
+DEVICE = "cuda"                  # where the points run (the tests' stand-in runs them on the CPU)
 
 
 def _point_key(p) -> tuple:
@@ -142,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None, help="stop cleanly after this long")
     ap.add_argument("--out", help="where to write (default: the packaged file of the family)")
     ap.add_argument("--restart", action="store_true", help="ignore points already in the output file")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="measure again the grid's points that were measured with other code than this commit")
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
     opts = ap.parse_args(argv)
@@ -177,17 +187,22 @@ def main(argv=None) -> int:
             return 2
     if doc is None:
         doc = {"format": FORMAT, "family": family.name, "measured": {}, "grid": {}, "points": []}
+    sha = _git_sha()
     doc["measured"] = {
         "device": device_name, "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "cuda": torch.version.cuda, "git_sha": _git_sha(),
+        "cuda": torch.version.cuda, "git_sha": sha,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m leettriton.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    # what each point records of how it was measured (the file's "measured" is the last run's)
+    provenance = {k: doc["measured"][k] for k in ("git_sha", "date", "device", "torch", "triton")}
     merged = {k: sorted({json.dumps(x) for x in doc["grid"].get(k, []) + grid[k]}) for k in grid}
     doc["grid"] = {k: [json.loads(x) for x in v] for k, v in merged.items()}
     done = {_point_key(p): p for p in doc["points"]}
+    if opts.remeasure:   # only the points measured with this very commit count as done
+        done = {k: p for k, p in done.items() if p.get("measured", {}).get("git_sha") == sha != "unknown"}
 
-    total_mem = torch.cuda.get_device_properties(0).total_memory
+    total_mem = torch.cuda.get_device_properties(0).total_memory if DEVICE == "cuda" else 1 << 40
     start = time.time()
     series = [(dt, dec, rd, bh) for dt in grid["dtype"] for dec in grid["decay"] for rd in grid["rd"]
               for bh in grid["bh"]]
@@ -199,22 +214,26 @@ def main(argv=None) -> int:
         for n in grid["n"]:
             count += 1
             key = (dt, dec, r, d, bh, n)
-            if key in done:
+            if key in done:   # measured already: its losers are not run at larger n either
+                timed = {m: t for m, t in done[key].get("times_ms", {}).items() if t is not None}
+                if timed:
+                    fastest = min(timed.values())
+                    dropped |= {m for m, t in timed.items() if t > SLOWER_THAN_BEST_TO_DROP * fastest}
                 continue
             if opts.max_minutes is not None and time.time() - start > 60 * opts.max_minutes:
                 print(f"stopping after {opts.max_minutes} minutes; rerun the same command to resume", flush=True)
                 return 0
             dtype = getattr(torch, dt)
             point = {"dtype": dt, "decay": dec, "r": r, "d": d, "bh": bh, "n": n, "best": None, "config": {},
-                     "times_ms": {}, "configs": {}}
+                     "times_ms": {}, "configs": {}, "measured": provenance}
             need = batch * heads * n * (2 * r + 2 * d) * dtype.itemsize
             if need > MEMORY_FRACTION * total_mem:
                 point["note"] = "skipped: inputs exceed the memory budget"
             else:
-                g = torch.Generator(device="cuda").manual_seed(n)
-                b, c = (torch.randn(batch, heads, n, r, device="cuda", dtype=dtype, generator=g) for _ in range(2))
-                v = torch.randn(batch, heads, n, d, device="cuda", dtype=dtype, generator=g)
-                gamma = decay_gammas(heads, "cuda") if dec else None
+                g = torch.Generator(device=DEVICE).manual_seed(n)
+                b, c = (torch.randn(batch, heads, n, r, device=DEVICE, dtype=dtype, generator=g) for _ in range(2))
+                v = torch.randn(batch, heads, n, d, device=DEVICE, dtype=dtype, generator=g)
+                gamma = decay_gammas(heads, DEVICE) if dec else None
                 for method in methods:
                     if method in dropped:
                         point["times_ms"][method] = None

@@ -204,3 +204,66 @@ def test_packaged_files_name_configs_of_todays_spaces(path):
                     stale.append((p["dtype"], p["r"], p["d"], p["bh"], p["n"], name, cfg))
     assert doc["measured"].get("git_sha"), f"{path.name} does not record the code it was measured with"
     assert not stale, f"{path.name}: {len(stale)} pinned configs outside today's spaces, first {stale[:3]}"
+
+
+def _stand_in_tuner(monkeypatch, sha: str, times: dict, calls: list):
+    """tune.main on the CPU: an H100 as far as the checks can tell, points built on the CPU, each method
+    'timed' from ``times`` (method -> ms at n = 16; twice that per doubling of n), every timing recorded."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(tune, "current_family", lambda *a: FAMILIES["h100"])
+    monkeypatch.setattr(tune, "DEVICE", "cpu")
+    monkeypatch.setattr(tune, "_git_sha", lambda: sha)
+
+    def timed(method, b, c, v, gamma, retune):
+        calls.append((method, b.shape[2]))
+        return times[method] * b.shape[2] / 16, {}
+
+    monkeypatch.setattr(tune, "_time_method", timed)
+
+
+def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, monkeypatch):
+    out = str(tmp_path / "h100.json")
+    grid = ["--gpu", "h100", "--dtypes", "float32", "--decay", "yes", "--rd", "4x4", "--bh", "1", "--methods",
+            "vanilla,block_based", "--out", out]
+    calls = []
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 2.0}, calls)
+    assert tune.main(grid + ["--n", "16,32"]) == 0
+    doc = json.loads(open(out).read())
+    assert {(p["n"], p["best"], p["measured"]["git_sha"]) for p in doc["points"]} == {(16, "vanilla", "aaaaaaa"),
+                                                                                     (32, "vanilla", "aaaaaaa")}
+    assert len(calls) == 4
+
+    # the same command resumes: nothing left to measure; --remeasure on the same code measures nothing either
+    calls.clear()
+    assert tune.main(grid + ["--n", "16,32"]) == 0 and tune.main(grid + ["--n", "16,32", "--remeasure"]) == 0
+    assert calls == []
+
+    # new code: --remeasure measures the selected grid's points again (n = 32 only here), keeps the others
+    _stand_in_tuner(monkeypatch, "bbbbbbb", {"vanilla": 3.0, "block_based": 2.0}, calls)
+    assert tune.main(grid + ["--n", "32"]) == 0
+    assert calls == []                      # without --remeasure a measured point is kept
+    assert tune.main(grid + ["--n", "32", "--remeasure"]) == 0
+    assert sorted(calls) == [("block_based", 32), ("vanilla", 32)]
+    doc = json.loads(open(out).read())
+    by_n = {p["n"]: p for p in doc["points"]}
+    assert (by_n[16]["best"], by_n[16]["measured"]["git_sha"]) == ("vanilla", "aaaaaaa")
+    assert (by_n[32]["best"], by_n[32]["measured"]["git_sha"]) == ("block_based", "bbbbbbb")
+    assert by_n[32]["times_ms"] == {"vanilla": 6.0, "block_based": 4.0}
+    assert doc["measured"]["git_sha"] == "bbbbbbb"
+    assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 2   # the reader takes the new fields
+
+
+def test_tune_does_not_run_at_larger_n_what_lost_tenfold_at_a_measured_point(tmp_path, monkeypatch):
+    out = str(tmp_path / "h100.json")
+    grid = ["--gpu", "h100", "--dtypes", "float32", "--decay", "no", "--rd", "4x4", "--bh", "1", "--methods",
+            "vanilla,causal_dot_product", "--out", out]
+    calls = []
+    _stand_in_tuner(monkeypatch, "ccccccc", {"vanilla": 1.0, "causal_dot_product": 20.0}, calls)
+    assert tune.main(grid + ["--n", "16"]) == 0
+    calls.clear()
+    # n = 16 is in the file: its loser is dropped at n = 32 although this run did not measure it
+    assert tune.main(grid + ["--n", "16,32"]) == 0
+    assert calls == [("vanilla", 32)]
+    doc = json.loads(open(out).read())
+    assert {p["n"]: p["times_ms"]["causal_dot_product"] for p in doc["points"]} == {16: 320.0 / 16, 32: None}

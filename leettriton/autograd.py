@@ -24,11 +24,10 @@ with no kernel of its own, and the only tensors kept from the forward are its in
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Optional
 
 import torch
-
-from functools import partial
 
 from . import registry
 from .kernels.reverse import reverse_rows
@@ -171,7 +170,6 @@ def _operator_keywords(op: Operator) -> Optional[dict]:
     if set(keywords) != {"method", "layout", "precision"}:
         return None
     return keywords
-
 
 
 def log2_gamma(gamma, heads: int, device) -> Optional[torch.Tensor]:

@@ -21,8 +21,8 @@ from .autotune.families import Family, current_family, is_interpreting
 from .methods import Plan
 from .problem import Problem
 
-__all__ = ["Plan", "resolve", "run_problem", "run_reversed", "choose", "fallback", "load_heuristics", "clear_plans", "known_call",
-           "remember_call"]
+__all__ = ["Plan", "resolve", "run_problem", "run_reversed", "choose", "fallback", "load_heuristics", "clear_plans",
+           "known_call", "remember_call"]
 
 _DTYPE_NAMES = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
 _PLANS: dict[tuple, Plan] = {}

@@ -222,10 +222,15 @@ def _stand_in_tuner(monkeypatch, sha: str, times: dict, calls: list):
     monkeypatch.setattr(tune, "_time_method", timed)
 
 
+def _tiny_grid(out: str, decay: str, methods: str) -> list:
+    """tune's arguments for a float32 series at r = d = 4, batch·heads 1 (add --n)."""
+    return ["--gpu", "h100", "--dtypes", "float32", "--decay", decay, "--rd", "4x4", "--bh", "1", "--methods",
+            methods, "--out", out]
+
+
 def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, monkeypatch):
     out = str(tmp_path / "h100.json")
-    grid = ["--gpu", "h100", "--dtypes", "float32", "--decay", "yes", "--rd", "4x4", "--bh", "1", "--methods",
-            "vanilla,block_based", "--out", out]
+    grid = _tiny_grid(out, "yes", "vanilla,block_based")
     calls = []
     _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 2.0}, calls)
     assert tune.main(grid + ["--n", "16,32"]) == 0
@@ -256,8 +261,7 @@ def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, 
 
 def test_tune_does_not_run_at_larger_n_what_lost_tenfold_at_a_measured_point(tmp_path, monkeypatch):
     out = str(tmp_path / "h100.json")
-    grid = ["--gpu", "h100", "--dtypes", "float32", "--decay", "no", "--rd", "4x4", "--bh", "1", "--methods",
-            "vanilla,causal_dot_product", "--out", out]
+    grid = _tiny_grid(out, "no", "vanilla,causal_dot_product")
     calls = []
     _stand_in_tuner(monkeypatch, "ccccccc", {"vanilla": 1.0, "causal_dot_product": 20.0}, calls)
     assert tune.main(grid + ["--n", "16"]) == 0

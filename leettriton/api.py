@@ -227,7 +227,7 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
             check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
             gamma_h = gamma
         out = problem.new_like(template)
-        if launch is not None and launch((b_t, c_t, v_t, out, out if gamma_h is None else gamma_h, state)):
+        if launch is not None and launch((b_t, c_t, v_t, out, out if gamma_h is None else gamma_h, state, state)):
             return out, state
     if step is None:
         _check_decode_step(b_t, c_t, v_t, state)
@@ -322,27 +322,33 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
             check_gamma_values(gamma)
             gamma_h = gamma
         out = problem.new_like(out_like)  # one token: (B, H, d), as decode_step returns it
-        kept = None if kept_like is None else problem.new_like(kept_like)
-        # one token: b_t, c_t, v_t and the output need no token axis here, since a launch reads only their
-        # addresses (the signature fixes their strides, handed over as the first call's views had them)
-        if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
-                                          state if slot_ids is None else slot_ids, state if kept is None else kept)):
-            return out, kept
+        if one_token:  # the one-token step's kernel, slotted (decode_step_impl)
+            if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state, slot_ids)):
+                return out, None
+        else:
+            kept = None if kept_like is None else problem.new_like(kept_like)
+            if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
+                                              state if slot_ids is None else slot_ids, state if kept is None else kept)):
+                return out, kept
     if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
-    if one_token:
-        b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
-    B, H, K, r = b.shape
+    B, H, r = b.shape[0], b.shape[1], b.shape[-1]
+    K = 1 if one_token else b.shape[2]
     d = v.shape[-1]
     if slot_ids is not None:
         check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
     check_constant_gamma(gamma)
-    check_autograd("decode_tokens", b, c, v, state)
+    check_autograd("decode_step" if one_token else "decode_tokens", b, c, v, state)
     gamma_h = resolve_gamma(gamma, H, v.device)
-    out = problem.new_empty((B, H, K, d), v.dtype, v.device)
+    out = problem.new_empty((B, H, d) if one_token else (B, H, K, d), v.dtype, v.device)
     kept_shape = (B, H, K + 1, r, d) if keep_states else None
     kept = problem.new_empty(kept_shape, torch.float32, v.device) if keep_states else None
-    launch = decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept) if B and H else None
+    if not (B and H):
+        launch = None
+    elif one_token:  # one token, slotted: the one-token step's kernel with its slot flag (one kernel, one tuning)
+        launch = decode_step_impl(b, c, v, state, gamma_h, out, slot_ids)
+    else:
+        launch = decode_tokens_impl(b, c, v, state, gamma_h, out, slot_ids, kept)
     if signature is not None and (gamma_h is None or gamma_h is gamma or not isinstance(gamma, torch.Tensor)):
         if len(_TOKEN_STEPS) >= 1024:
             _TOKEN_STEPS.clear()
@@ -350,7 +356,7 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
         out_like = problem.output_template((B, H, d) if one_token else (B, H, K, d), v.dtype, v.device)
         kept_like = None if kept_shape is None else problem.output_template(kept_shape, torch.float32, v.device)
         _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, out_like, kept_like, state.shape[0])
-    return (out[:, :, 0] if one_token else out), kept
+    return out, kept
 
 
 _TOKEN_STEPS: dict = {}

@@ -192,11 +192,11 @@ def test_a_direct_launch_hands_every_argument_in_order(monkeypatch):
     compiled = _Compiled()
     grid = lambda meta: (-(-D // meta["BV"]) * B * H,)  # noqa: E731
     launch = configs.Launch(decode._LAUNCHES, args, grid, config, compiled, device=0)
-    tensors = (b_t, c_t, v_t, out, gamma, state)
+    tensors = (b_t, c_t, v_t, out, gamma, state, state)  # the state stands in for the slot ids of a slotted step
     assert launch(tensors)
     (call,) = compiled.calls
     assert call[:9] == (2 * B * H, 1, 1, 99, 7, (4, 1, 0), None, None, None)
-    expect = {**args, "BK": 16, "BV": 8, **{k: x.data_ptr() for k, x in zip(decode._POINTERS, tensors)}}
+    expect = {**args, "BK": 16, "BV": 8, **{k: x.data_ptr() for k, x in zip(decode._LAUNCHES.pointers, tensors)}}
     assert call[9:] == tuple(expect[name] for name in decode._LAUNCHES.arg_names)
     odd = torch.randn(B * H * R + 1)[1:].view(B, H, R)  # 4 bytes past a 16-byte boundary
     assert not launch((odd,) + tensors[1:])

@@ -35,7 +35,8 @@ from leettriton.autotune.families import FAMILIES
 
 
 
-_POINTEE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+_POINTEE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
+            torch.int32: "i32", torch.int64: "i64"}
 
 
 def _signature(fn, args: dict):

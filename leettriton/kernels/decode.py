@@ -31,9 +31,6 @@ from . import decode_space as spaces
 from ..autotune.sizing import cdiv
 from .abi import and_scalar, batch_head, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
 
-_KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY"]
-
-
 @triton.jit
 def _token_pass(p_b, p_c, p_v, p_st, b_stride, c_stride, v_stride, st_stride_k, st_stride_v, p_keep, keep_stride_t,
                 keep_stride_k, keep_stride_v, first, o_v, R, D, g_hi, g_lo, HAS_DECAY: tl.constexpr,
@@ -74,27 +71,51 @@ def _token_pass(p_b, p_c, p_v, p_st, b_stride, c_stride, v_stride, st_stride_k, 
     return tl.sum(acc, axis=0)  # [BV] = b_t S over the keys
 
 
+@triton.jit
+def _state_row(st_ptr, st_strides, slot_ptr, i_b, i_h, SLOTS, SLOTTED: tl.constexpr):
+    """The pointer to batch element ``i_b``'s state of head ``i_h``: row ``i_b`` of the state, or with
+    ``SLOTTED`` row ``slot_ptr[i_b]`` of a pool.  Returns (pointer, live, fill): the slot id is read here,
+    on the device; a negative id is padding (zero output, no state touched), one past the pool (possible
+    only when the host checks were skipped) gives NaN outputs (``fill``) and touches no state either."""
+    if SLOTTED:
+        slot = tl.load(slot_ptr + i_b).to(tl.int64)
+        live = (slot >= 0) & (slot < SLOTS)
+        row = tl.where(live, slot, 0)
+        fill = tl.where(slot < 0, 0.0, float("nan"))
+    else:
+        live = True
+        row = i_b
+        fill = 0.0
+    return head_ptr(st_ptr, st_strides, row, i_h), live, fill
+
+
+_KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY", "SLOTTED"]
+
+
 @autotune(spaces.STEP, key=_KEY, restore_value=["st_ptr"])
-@triton.jit(do_not_specialize=["BH_BUCKET"])
+@triton.jit(do_not_specialize=["BH_BUCKET", "SLOTS"])
 def _decode_step_kernel(
-    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, st_ptr,
-    b_strides, c_strides, v_strides, o_strides, st_strides, H, R, D, BH_BUCKET,
-    HAS_DECAY: tl.constexpr,
+    b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, st_ptr, slot_ptr,
+    b_strides, c_strides, v_strides, o_strides, st_strides, H, R, D, SLOTS, BH_BUCKET,
+    HAS_DECAY: tl.constexpr, SLOTTED: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
     # value tiles of one head are neighbours in launch order (they read the same b_t, c_t)
     i_v, i_bh = tl.program_id(0) % tl.cdiv(D, BV), tl.program_id(0) // tl.cdiv(D, BV)
-    # b_t, c_t, v_t, o_t: (batch, head, column) strides; the state (batch, head, key, value)
+    # b_t, c_t, v_t, o_t: (batch, head, column) strides; the state (row, head, key, value), its row the
+    # batch element's slot (SLOTTED) or the batch element itself
     i_b, i_h = batch_head(i_bh, H)
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
-    p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
+    p_st, live, fill = _state_row(st_ptr, st_strides, slot_ptr, i_b, i_h, SLOTS, SLOTTED)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     # γ in two parts: decoding many tokens multiplies by γ as often as a recurrence does
     g_hi, g_lo = step_decay(lam)
 
     o_v = i_v * BV + tl.arange(0, BV)
     b_o = _token_pass(p_b, p_c, p_v, p_st, b_strides[2], c_strides[2], v_strides[2], st_strides[2], st_strides[3],
-                      p_st, 0, 0, 0, False, o_v, R, D, g_hi, g_lo, HAS_DECAY, False, False, True, BK, BV)
+                      p_st, 0, 0, 0, False, o_v, R, D, g_hi, g_lo, HAS_DECAY, False, SLOTTED, live, BK, BV)
+    if SLOTTED:
+        b_o = tl.where(live, b_o, fill)
     tl.store(p_o + o_v * o_strides[2], b_o.to(o_ptr.dtype.element_ty), mask=o_v < D)
 
 
@@ -114,17 +135,7 @@ def _decode_tokens_kernel(
     i_v, i_bh = tl.program_id(0) % tl.cdiv(D, BV), tl.program_id(0) // tl.cdiv(D, BV)
     i_b, i_h = batch_head(i_bh, H)
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
-    if SLOTTED:
-        # the slot id is read here, on the device: a negative id is padding (zero output, no state
-        # touched); one past the pool (possible only when the host checks were skipped) gives NaN
-        # outputs and touches no state either
-        slot = tl.load(slot_ptr + i_b).to(tl.int64)
-        live = (slot >= 0) & (slot < SLOTS)
-        p_st = head_ptr(st_ptr, st_strides, tl.where(live, slot, 0), i_h)
-        fill = tl.where(slot < 0, 0.0, float("nan"))
-    else:
-        live = True
-        p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
+    p_st, live, fill = _state_row(st_ptr, st_strides, slot_ptr, i_b, i_h, SLOTS, SLOTTED)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     g_hi, g_lo = step_decay(lam)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -144,9 +155,9 @@ def _decode_tokens_kernel(
 
 
 _POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "st_ptr")
-_LAUNCHES = CompiledLaunches(_decode_step_kernel, _POINTERS)
-"""decode_step's launches by shape, strides and dtypes: one token is launched straight through the
-compiled kernel (its host time is the hot loop of generation)."""
+_LAUNCHES = CompiledLaunches(_decode_step_kernel, _POINTERS + ("slot_ptr",))
+"""decode_step's launches by shape, strides and dtypes, slotted or not: one token is launched straight
+through the compiled kernel (its host time is the hot loop of generation)."""
 
 
 def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
@@ -163,45 +174,55 @@ def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
 class _TorchStep:
     """The repeatable step of CPU tensors outside the interpreter: the PyTorch step, called as a Launch is."""
 
-    def __init__(self, has_decay: bool) -> None:
-        self.has_decay = has_decay
+    def __init__(self, has_decay: bool, slotted: bool) -> None:
+        self.has_decay, self.slotted = has_decay, slotted
 
     def __call__(self, tensors) -> bool:
-        b_t, c_t, v_t, out, gamma, state = tensors
-        _decode_step_torch(b_t, c_t, v_t, state, gamma if self.has_decay else None, out)
+        b_t, c_t, v_t, out, gamma, state, slot_ids = tensors
+        _torch_step(b_t, c_t, v_t, state, gamma if self.has_decay else None, out, slot_ids if self.slotted else None)
         return True
 
 
-def decode_args(b_t, c_t, v_t, state, gamma, out) -> dict:
+def _torch_step(b_t, c_t, v_t, state, gamma, out, slot_ids) -> None:
+    if slot_ids is None:
+        _decode_step_torch(b_t, c_t, v_t, state, gamma, out)
+    else:  # the k-token step's PyTorch form on a token axis of one (the same addresses)
+        _decode_tokens_torch(b_t.unsqueeze(2), c_t.unsqueeze(2), v_t.unsqueeze(2), state, gamma, out.unsqueeze(2),
+                             slot_ids, None)
+
+
+def decode_args(b_t, c_t, v_t, state, gamma, out, slot_ids=None) -> dict:
     """The decode kernel's keyword arguments (everything but the config)."""
     B, H, r = b_t.shape
     return dict(
         b_ptr=b_t, c_ptr=c_t, v_ptr=v_t, o_ptr=out, gamma_ptr=out if gamma is None else gamma,
-        st_ptr=state, b_strides=strides(b_t), c_strides=strides(c_t), v_strides=strides(v_t), o_strides=strides(out),
+        st_ptr=state, slot_ptr=state if slot_ids is None else slot_ids,
+        b_strides=strides(b_t), c_strides=strides(c_t), v_strides=strides(v_t), o_strides=strides(out),
         st_strides=strides(state),
-        H=H, R=r, D=v_t.shape[-1], BH_BUCKET=(B * H).bit_length(),
-        HAS_DECAY=gamma is not None,
+        H=H, R=r, D=v_t.shape[-1], SLOTS=state.shape[0], BH_BUCKET=(B * H).bit_length(),
+        HAS_DECAY=gamma is not None, SLOTTED=slot_ids is not None,
     )
 
 
 def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, state: torch.Tensor,
-                     gamma: Optional[torch.Tensor], out: torch.Tensor,
+                     gamma: Optional[torch.Tensor], out: torch.Tensor, slot_ids: Optional[torch.Tensor] = None,
                      config: Optional[Mapping] = None) -> Optional[Callable[[tuple], bool]]:
     """Launch the decode step (inputs validated by :func:`leettriton.decode_step`).
 
-    b_t, c_t: ``(B, H, r)``; v_t: ``(B, H, d)``; state: float32 ``(B, H, r, d)``,
-    updated in place; gamma: ``(H,)`` contiguous, any float dtype, or None; out: ``(B, H, d)``.
-    ``config`` maps the kernel's space name to a config dict (None: autotune).
+    b_t, c_t: ``(B, H, r)``; v_t: ``(B, H, d)``; state: float32 ``(B, H, r, d)``, or with ``slot_ids``
+    (``(B,)`` int32/int64) a pool ``(slots, H, r, d)``, updated in place; gamma: ``(H,)`` contiguous, any
+    float dtype, or None; out: ``(B, H, d)``.  ``config`` maps the kernel's space name to a config dict
+    (None: autotune).  The slotted step is this kernel with a flag: one kernel, one config space.
 
     Returns what repeats this launch for tensors of the same shapes, strides, dtypes and device (and
-    a γ of the same kind): called with ``(b_t, c_t, v_t, out, gamma or out, state)`` it launches and
-    returns True, or returns False and launches nothing, when this call must go through
+    a γ of the same kind): called with ``(b_t, c_t, v_t, out, gamma or out, state, slot_ids or state)`` it
+    launches and returns True, or returns False and launches nothing, when this call must go through
     ``decode_step_impl`` again (docs/design.md §4.5).  None when there is nothing to repeat.
     """
     if state.device.type == "cpu" and not is_interpreting():
-        _decode_step_torch(b_t, c_t, v_t, state, gamma, out)
-        return _TorchStep(gamma is not None)
-    args = decode_args(b_t, c_t, v_t, state, gamma, out)
+        _torch_step(b_t, c_t, v_t, state, gamma, out, slot_ids)
+        return _TorchStep(gamma is not None, slot_ids is not None)
+    args = decode_args(b_t, c_t, v_t, state, gamma, out, slot_ids)
     d, bh = v_t.shape[-1], v_t.shape[0] * v_t.shape[1]
     grid = lambda meta: (cdiv(d, meta["BV"]) * bh,)  # noqa: E731
     pinned = (config or {}).get(spaces.STEP.name)
@@ -210,7 +231,7 @@ def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, st
 
 
 _TOKEN_LAUNCHES = CompiledLaunches(_decode_tokens_kernel, _POINTERS + ("slot_ptr", "keep_ptr"))
-"""The slotted / multi-token step's compiled kernels, launched directly as the one-token step's are."""
+"""The multi-token step's compiled kernels, launched directly as the one-token step's are."""
 
 
 def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept) -> None:
@@ -245,8 +266,7 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
     with ``slot_ids`` (``(B,)`` int32/int64) a pool ``(slots, H, r, d)``; updated in place.  ``kept``:
     float32 ``(B, H, k, r, d)`` that receives the state after each token, or None.
     Returns what repeats the launch, as :func:`decode_step_impl` does; it takes
-    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state)``, where for k = 1 b, c, v and out
-    may come without their token axis (the same addresses; the strides are those of this call's tensors).
+    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state)``.
     """
     if state.device.type == "cpu" and not is_interpreting():
         _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept)
@@ -276,8 +296,6 @@ class _TorchTokens:
 
     def __call__(self, tensors) -> bool:
         b, c, v, out, gamma, state, slot_ids, kept = tensors
-        if b.dim() == 3:  # one token, handed over without its token axis (a kernel's launch reads addresses only)
-            b, c, v, out = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2), out.unsqueeze(2)
         _decode_tokens_torch(b, c, v, state, gamma if self.has_decay else None, out,
                              slot_ids if self.slotted else None, kept if self.keep else None)
         return True

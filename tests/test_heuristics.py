@@ -11,6 +11,7 @@ import leettriton
 from leettriton import tune
 from leettriton.problem import make_problem
 from leettriton.autotune import FAMILIES, KERNELS, current_family, recording
+from leettriton.autotune import heuristics
 from leettriton.autotune.heuristics import FORMAT, HeuristicsError, read_heuristics
 from leettriton.plan import choose, fallback
 from conftest import DEVICE
@@ -31,8 +32,14 @@ def write(tmp_path, points, family=None, name="h.json"):
 
 @pytest.fixture(autouse=True)
 def no_active_file():
+    """Each test starts and ends with the heuristics that were in use before it (on a GPU, the packaged
+    file of its family): a file a test loads must not steer ``auto`` in the tests that follow it in the
+    same process."""
+    saved = dict(heuristics._ACTIVE)
     yield
-    leettriton.load_heuristics(None)
+    heuristics._ACTIVE.clear()
+    heuristics._ACTIVE.update(saved)
+    heuristics._GENERATION[0] += 1  # plans cached under the test's file are stale
 
 
 def test_lookup_exact_and_nearest(tmp_path):

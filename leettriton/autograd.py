@@ -31,10 +31,10 @@ import torch
 
 from . import registry
 from .kernels.reverse import reverse_rows
-from .plan import run_reversed
+from .plan import run_problem, run_reversed
 from .problem import make_problem, requires_grad, resolve_gamma, to_bhnd
 
-__all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "reversed_call", "add_state_term",
+__all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "reversed_call", "forward_call", "add_state_term",
            "initial_state_grad", "log2_gamma"]
 
 Operator = Callable
@@ -97,7 +97,11 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
         return db, dc, dv, state_rev
     if need_b:
         # a gradient may come expanded (stride 0): the call gets a copy, freed when it returns
-        db = op(grad_out.contiguous(), v, c, gamma, initial_state=None if s0 is None else s0.transpose(-1, -2))
+        do = grad_out.contiguous()
+        s0_t = None if s0 is None else s0.transpose(-1, -2)
+        db = forward_call(op, do, v, c, gamma, layout, initial_state=s0_t)
+        if db is None:
+            db = op(do, v, c, gamma, initial_state=s0_t)
     if not (need_c or need_v or need_state):
         return db, dc, dv, state_rev
     # the reversed calls read the tensors as they are (docs/design.md §10.3); a call whose method cannot
@@ -155,10 +159,28 @@ def reversed_call(op: Operator, b, c, v, gamma, layout: str, *, return_state: bo
     if registry.user_method(name) is not None or registry.torch_method(name) is not None:
         return None
     p, out = make_problem(b, c, v, gamma, layout=layout, return_state=return_state, precision=spec["precision"],
-                          reverse=True)
+                          reverse=True, two_part=True)
     if not run_reversed(p, name):
         return None
     return (out, p.state) if return_state else out
+
+
+def forward_call(op: Operator, b, c, v, gamma, layout: str, *, initial_state=None):
+    """``op(b, c, v, gamma, initial_state=…)`` as the backward's db call makes it: a problem whose bfloat16
+    operands are formed in two parts (``Problem.two_part``, docs/design.md §10.4), as the reversed calls'
+    are; or None, having run nothing, where ``op`` is not a ``functools.partial`` of ``linear_attention``
+    with a built-in Triton method (or ``auto``) or the call must be differentiable (the caller then calls
+    ``op`` itself)."""
+    spec = _operator_keywords(op)
+    if spec is None or spec["layout"] != layout or requires_grad(b, c, v, initial_state):
+        return None
+    name = registry.canonical_method(spec["method"])
+    if registry.user_method(name) is not None or registry.torch_method(name) is not None:
+        return None
+    p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, precision=spec["precision"],
+                          two_part=True)
+    run_problem(p, name)
+    return out
 
 
 def _operator_keywords(op: Operator) -> Optional[dict]:

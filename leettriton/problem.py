@@ -59,6 +59,11 @@ class Problem:
             of each of b, c, v and out (the states are not rows, and are as they are).  The kernels
             address the rows so (kernels/abi.py, ``problem_args``); only a method whose ``Method``
             says ``runs_reversed`` may receive such a problem (plan.py, ``run_reversed``).
+        two_part: bfloat16 inputs: the chunk walk and the segment-state kernel round each float32
+            operand they form (the state before its product with b, the decayed values before the
+            state update) to two bfloat16 parts, hi + lo, each a product of its own, where one
+            rounding would keep 8 significant bits (docs/design.md §10.4).  The backward's calls set it;
+            other kernels, and other dtypes, ignore it.
     """
 
     b: torch.Tensor
@@ -71,6 +76,7 @@ class Problem:
     precision: str
     memo: Optional[dict] = field(default=None, repr=False, compare=False)
     reverse: bool = False
+    two_part: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -547,7 +553,8 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
 def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
                  precision: Optional[str] = None, where: str = "linear_attention",
                  device_types: tuple[str, ...] = DEVICE_TYPES,
-                 differentiable: bool = False, reverse: bool = False) -> tuple[Problem, torch.Tensor]:
+                 differentiable: bool = False, reverse: bool = False,
+                 two_part: bool = False) -> tuple[Problem, torch.Tensor]:
     """Validate a call and build its :class:`Problem`.
 
     ``device_types`` other than CPU and CUDA serve the package's own tools alone (the
@@ -556,7 +563,8 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     operations autograd records (the PyTorch methods, the oracle); otherwise a call whose
     inputs require grad is refused (a kernel launched on them would return an output without a
     ``grad_fn``).  A gamma that requires grad is refused either way (docs/design.md §10).
-    ``reverse=True`` builds a reversed problem (:attr:`Problem.reverse`: the backward's calls in reversed time).
+    ``reverse=True`` builds a reversed problem (:attr:`Problem.reverse`: the backward's calls in reversed time);
+    ``two_part=True`` one whose bfloat16 operands are formed in two parts (:attr:`Problem.two_part`).
 
     Returns the problem and the output tensor in the caller's layout (the
     problem's ``out`` is a view of it).  Raises ``TypeError``/``ValueError`` for
@@ -593,7 +601,7 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     out_user = new_empty(out_shape, v.dtype, device)
     state = new_empty((B, H, r, d), torch.float32, device) if return_state else None
     problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee",
-                      reverse=reverse)
+                      reverse=reverse, two_part=two_part)
     return problem, out_user
 
 

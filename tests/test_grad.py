@@ -466,6 +466,73 @@ def test_gradients_over_several_segments(method):
                                  gammas=(0.99, 0.8), initial=True, noncontiguous=True, seed=21))
 
 
+# --------------------------------------------------------------------------- two-part bfloat16 operands
+
+def _rel(x, ref) -> float:
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reversed"])
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_two_part_bfloat16_operands(method, reverse):
+    """The backward's problems (``two_part``): in bfloat16 the state before its product with b and the decayed
+    values before each state update go in as hi + lo, so the output and the final state come closer to the
+    float64 oracle than with one rounding each; block_based's segment states too (launches counted).  float16
+    problems ignore the flag (bit for bit)."""
+    from leettriton.autotune import recording
+    from leettriton.kernels import segments
+    from leettriton.plan import run_problem
+
+    g = torch.Generator().manual_seed(5)
+    B, H, n, r, d = 1, 2, 200 if not HAS_GPU else 3000, 32, 40
+    b, c, v = (torch.randn(B, H, n, k, generator=g).to(DEVICE, torch.bfloat16) for k in (r, r, d))
+    s0 = torch.randn(B, H, r, d, generator=g).to(DEVICE)
+    gamma = torch.tensor([0.9, 0.99], device=DEVICE)
+    rows = (lambda x: x.flip(2)) if reverse else (lambda x: x)
+    ref, ref_state = leettriton.reference(rows(b), rows(c), rows(v), gamma, initial_state=s0, return_state=True)
+    ref = rows(ref)
+
+    def run(x, two_part):
+        p, out = make_problem(x[0], x[1], x[2], gamma, initial_state=s0, return_state=True, reverse=reverse,
+                              two_part=two_part)
+        with recording() as log:
+            assert run_reversed(p, method) if reverse else run_problem(p, method) is None
+        segment_launches = sum(kernel is segments._segment_state_kernel for kernel, _ in log)
+        return out, p.state, segment_launches
+
+    (o1, s1, seg1), (o2, s2, seg2) = run((b, c, v), False), run((b, c, v), True)
+    if method == "block_based":
+        assert seg1 > 0 and seg2 > 0, "the sequence is not cut into segments: the segment kernel is not tested"
+    err = [(_rel(o, ref), _rel(st, ref_state)) for o, st in ((o1, s1), (o2, s2))]
+    assert err[1][0] < 0.8 * err[0][0], f"output: two parts {err[1][0]:.2e}, one rounding {err[0][0]:.2e}"
+    assert err[1][1] < 0.01 * err[0][1], f"final state: two parts {err[1][1]:.2e}, one rounding {err[0][1]:.2e}"
+    assert err[1][0] < tolerance(torch.bfloat16)
+    half = tuple(x.to(torch.float16) for x in (b, c, v))
+    (h1, hs1, _), (h2, hs2, _) = run(half, False), run(half, True)
+    assert torch.equal(h1, h2) and torch.equal(hs1, hs2), "float16 must ignore two_part"
+
+
+def test_backward_calls_run_two_part_problems(monkeypatch):
+    """The three calls of a bfloat16 backward build ``two_part`` problems (the db call and both reversed
+    calls); the forward does not."""
+    import leettriton.autograd as autograd_module
+
+    made = []
+    real = autograd_module.make_problem
+
+    def spy(*args, **kwargs):
+        made.append(kwargs.get("two_part", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(autograd_module, "make_problem", spy)
+    g = torch.Generator().manual_seed(6)
+    b, c, v = (torch.randn(1, 2, 40, 8, generator=g).to(DEVICE, torch.bfloat16).requires_grad_() for _ in range(3))
+    o = leettriton.linear_attention(b, c, v, 0.9, method="lightning_attention")
+    assert made == []
+    torch.autograd.grad(o, (b, c, v), torch.randn_like(o))
+    assert made == [True, True, True]
+
+
 # --------------------------------------------------------------------------- gradcheck in float64
 
 def float64_problem(b, c, v, gamma, initial_state, layout: str, return_state: bool):

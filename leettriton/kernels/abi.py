@@ -99,6 +99,14 @@ def dot_precision(p: Problem) -> str:
     return "tf32"
 
 
+def two_part(p: Problem) -> bool:
+    """Whether ``p``'s float32 operands are rounded in two bfloat16 parts (:attr:`Problem.two_part`: its
+    inputs are bfloat16 and its caller asked for it)."""
+    import torch
+
+    return p.two_part and p.v.dtype == torch.bfloat16
+
+
 def pow2_at_least_16(x: int) -> int:
     """Smallest power of two ≥ max(x, 16): the least tile a ``tl.dot`` operand may have."""
     return max(16, next_power_of_2(x))
@@ -173,6 +181,15 @@ def round_to_tf32(x):
     rounded = (bits + 0x1000) & 0xFFFFE000
     special = (bits & 0x7F800000) == 0x7F800000
     return tl.where(special, bits, rounded).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def low_part(x, hi, dtype: tl.constexpr):
+    """What float32 ``x`` keeps beyond ``hi`` (``x`` rounded to ``dtype`` by :func:`round_to`), rounded to
+    ``dtype`` as well: ``hi + lo`` holds x to about twice ``dtype``'s significant bits, and a product with
+    each part (both exact in float32, summed in float32) loses about that much less than one with ``hi``
+    (docs/design.md §10.4).  The difference x − hi is exact in float32."""
+    return round_to(x - hi.to(tl.float32), dtype)
 
 
 @triton.jit

@@ -29,9 +29,10 @@ from ..problem import Problem
 from ..autotune import autotune, launch
 from . import segments_space as spaces
 from ..autotune.sizing import cdiv
-from .abi import batch_head, decay, head_log2_gamma, head_ptr, load_tile, mma, problem_args, store_tile
+from .abi import (batch_head, decay, head_log2_gamma, head_ptr, load_tile, low_part, mma, problem_args, round_to,
+                  store_tile, two_part)
 
-_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT"]
+_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART"]
 
 
 @autotune(spaces.STATE, key=_KEY)
@@ -40,7 +41,7 @@ def _segment_state_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS, NL,
-    DIRECT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DIRECT: tl.constexpr, TWO_PART: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # batch·heads × the NL ≤ NS segments computed on the grid's first axis (the others are limited to
     # 65535); 64-bit batch and head offsets (16 × 32 × 100 000 × 128 elements overflow 32 bits)
@@ -67,9 +68,13 @@ def _segment_state_kernel(
         # γ^(e−1−j) ≤ 1 for rows inside the segment; rows past its end load as zero.  The decay
         # goes on v: rounded to a 16-bit operand, its error is then the same for every rank (row
         # of the state), so a product b·S that cancels over the ranks does not add up r of them.
+        # (with TWO_PART, bfloat16: the decayed v in two parts, two products)
         row_decay = decay(lam, tl.maximum(t_end - 1 - o_t, 0), HAS_DECAY)
-        b_v = (b_v * row_decay[:, None]).to(b_v.dtype)
-        acc += mma(tl.trans(b_c), b_v, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+        b_vd = b_v * row_decay[:, None]
+        b_vdh = round_to(b_vd, b_v.dtype)
+        acc += mma(tl.trans(b_c), b_vdh, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
+        if TWO_PART:
+            acc += mma(tl.trans(b_c), low_part(b_vd, b_vdh, b_v.dtype), DOT_PRECISION)  # [BK, BT] @ [BT, BV]
 
     if DIRECT:
         # one segment: the final state itself
@@ -129,7 +134,7 @@ def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     B, H, n, r, d = p.shape
     grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
-           ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True)
+           ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True, TWO_PART=two_part(p))
 
 
 def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None, *,
@@ -146,7 +151,7 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     if nl > 0:
         grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
         launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
-               ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False)
+               ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False, TWO_PART=two_part(p))
     return ws
 
 

@@ -58,10 +58,11 @@ from ...autotune.configs import CompiledLaunches
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.pieces import in_r_pieces
-from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, mma,
-                            pow2_at_least_16, problem_args, round_to, store_tile)
+from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part,
+                            mma, pow2_at_least_16, problem_args, round_to, store_tile, two_part)
 
-KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS"]
+KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
+       "TWO_PART"]
 
 
 @triton.jit
@@ -141,7 +142,7 @@ def _pow2_scales(m):
 
 
 @triton.jit
-def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
+def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr, TWO_PART: tl.constexpr):
     """acc + Sᵀ bᵀ for one [BV, BK] state tile and one [BT, BK] tile of b: [BV, BK] @ [BK, BT].
 
     16-bit b: Sᵀ goes in rounded to b's dtype, the register operand of a 16-bit product (products
@@ -149,11 +150,26 @@ def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr):
     are first scaled by the powers of two of :func:`_pow2_scales` (no overflow past 65 504; 11
     significant bits for every entry down to 2^-28 of its row's largest, as TF32 keeps), undone
     on the product's rows by the caller; bfloat16 has float32's range and needs no scaling (``up``
-    is ignored; 8 significant bits, as in b itself).  float32 b: one product at ``PRECISION``.
+    is ignored; 8 significant bits, as in b itself), and with ``TWO_PART`` goes in as two parts,
+    hi + lo, two products (about 16 bits).  float32 b: one product at ``PRECISION``.
     """
     if b.dtype == tl.float16:
         s = s * up[:, None]
-    return acc + mma(round_to(s, b.dtype), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+    s_hi = round_to(s, b.dtype)
+    acc += mma(s_hi, tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+    if TWO_PART:
+        acc += mma(low_part(s, s_hi, b.dtype), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
+    return acc
+
+
+@triton.jit
+def _add_update(s, g_chunk, b_vd, b_vdt, c, PRECISION: tl.constexpr, TWO_PART: tl.constexpr):
+    """γ^T Sᵀ + (vᵀ ⊙ γ^(T−1−j)) c for one [BV, BK] state tile: ``b_vdt`` is the decayed vᵀ rounded to the
+    input dtype, ``b_vd`` the same in float32 (with ``TWO_PART`` its low part is a second product)."""
+    s = s * g_chunk + mma(b_vdt, c, PRECISION)  # [BV, BT] @ [BT, BK]
+    if TWO_PART:
+        s += mma(low_part(b_vd, b_vdt, b_vdt.dtype), c, PRECISION)  # [BV, BT] @ [BT, BK]
+    return s
 
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
@@ -162,7 +178,7 @@ def _chunk_walk_fwd_kernel(
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS, cu_ptr, slot_ptr, init_ptr, NSLOTS,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    TWO_PART: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
     # lives in NK [BV, BK] float32 register tiles s0..s3
@@ -263,18 +279,18 @@ def _chunk_walk_fwd_kernel(
         # transposed scores c bᵀ and the state term Sᵀ bᵀ, accumulated over the r tiles
         b0, c0 = _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
         b_at = mma(c0, tl.trans(b0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-        b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, b0, up, DOT_PRECISION)
+        b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, b0, up, DOT_PRECISION, TWO_PART)
         if NK >= 2:
             b1, c1 = _load_bc(p_b, p_c, o_t, BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
             b_at += mma(c1, tl.trans(b1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s1, b1, up, DOT_PRECISION)
+            b_ot = _state_times_b(b_ot, s1, b1, up, DOT_PRECISION, TWO_PART)
         if NK >= 4:
             b2, c2 = _load_bc(p_b, p_c, o_t, 2 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
             b_at += mma(c2, tl.trans(b2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s2, b2, up, DOT_PRECISION)
+            b_ot = _state_times_b(b_ot, s2, b2, up, DOT_PRECISION, TWO_PART)
             b3, c3 = _load_bc(p_b, p_c, o_t, 3 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
             b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION)
+            b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION, TWO_PART)
         b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
 
         # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product, with
@@ -286,14 +302,15 @@ def _chunk_walk_fwd_kernel(
 
         # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
         n_rows = tl.minimum(rows, BT)
-        b_vdt = round_to(b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :], b_vt.dtype)
+        b_vd = b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]
+        b_vdt = round_to(b_vd, b_vt.dtype)
         g_chunk = decay(lam, n_rows, HAS_DECAY)
-        s0 = s0 * g_chunk + mma(b_vdt, c0, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
+        s0 = _add_update(s0, g_chunk, b_vd, b_vdt, c0, DOT_PRECISION, TWO_PART)
         if NK >= 2:
-            s1 = s1 * g_chunk + mma(b_vdt, c1, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
+            s1 = _add_update(s1, g_chunk, b_vd, b_vdt, c1, DOT_PRECISION, TWO_PART)
         if NK >= 4:
-            s2 = s2 * g_chunk + mma(b_vdt, c2, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
-            s3 = s3 * g_chunk + mma(b_vdt, c3, DOT_PRECISION)  # [BV, BT] @ [BT, BK]
+            s2 = _add_update(s2, g_chunk, b_vd, b_vdt, c2, DOT_PRECISION, TWO_PART)
+            s3 = _add_update(s3, g_chunk, b_vd, b_vdt, c3, DOT_PRECISION, TWO_PART)
 
         p_b += BT * stride_bn
         p_c += BT * stride_cn
@@ -391,7 +408,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, cu_ptr=ws, slot_ptr=ws, init_ptr=ws, NSLOTS=0, SEGMENTED=segmented,
-                PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r))
+                PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r), TWO_PART=two_part(p))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
@@ -428,4 +445,5 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping]) -> None:
     launch(_varlen_walk_kernel, grid, (config or {}).get(spaces.VARLEN.name), **args, ws_ptr=p.out, SEG=n, NS=seqs,
            cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
            init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
-           SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r))
+           SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
+           TWO_PART=False)

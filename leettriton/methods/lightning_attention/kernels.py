@@ -30,8 +30,11 @@ flash-style kernel).  The state stays float32; for its product with b it is
 rounded to the input dtype (see :func:`_state_times_b`): float16 with each row
 scaled by a power of two (never past float16's limit, 11 significant bits,
 as TF32 keeps), bfloat16 as it is (8 bits, as b itself).  The row decay
-γ^(i+1) is applied to the product's rows, after it.  float32 inputs run every
-product at ``DOT_PRECISION`` ("ieee" by default, or TF32).
+γ^(i+1) is applied to the product's rows, after it.  With ``TWO_PART`` (the
+backward's calls, bfloat16: docs/design.md §10.4) the state before that product
+and the decayed v before each state update go in as two bfloat16 parts, hi + lo,
+one product each.  float32 inputs run every product at ``DOT_PRECISION``
+("ieee" by default, or TF32).
 
 The same jit body serves ``block_based`` (methods/block_based/kernels.py): there the
 sequence is cut into segments whose start states come from the shared

@@ -63,5 +63,6 @@ TOKENS = KernelSpace(
     fits=_step_fits,
     keep=_step_keep,
 )
-"""The slotted and multi-token step (kernels/decode.py ``_decode_tokens_kernel``): the one-token step's
-tiles, tuned apart (its programs may walk k tokens)."""
+"""``decode_tokens``' k-token step, slotted or not (kernels/decode.py ``_decode_tokens_kernel``): the one-token
+step's tiles, tuned apart (its programs may walk k tokens).  The one-token slotted step runs the one-token
+kernel, in ``STEP``."""

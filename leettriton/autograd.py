@@ -152,13 +152,11 @@ def reversed_call(op: Operator, b, c, v, gamma, layout: str, *, return_state: bo
     a PyTorch method: CPU tensors outside the interpreter), or the call itself must be differentiable
     (a backward with ``create_graph=True``, which nests the autograd node).
     """
-    spec = _operator_keywords(op)
-    if spec is None or spec["layout"] != layout or requires_grad(b, c, v):
+    spec = _builtin_operator(op, layout, b, c, v)
+    if spec is None:
         return None
-    name = registry.canonical_method(spec["method"])
-    if registry.user_method(name) is not None or registry.torch_method(name) is not None:
-        return None
-    p, out = make_problem(b, c, v, gamma, layout=layout, return_state=return_state, precision=spec["precision"],
+    name, precision = spec
+    p, out = make_problem(b, c, v, gamma, layout=layout, return_state=return_state, precision=precision,
                           reverse=True, two_part=True)
     if not run_reversed(p, name):
         return None
@@ -171,16 +169,27 @@ def forward_call(op: Operator, b, c, v, gamma, layout: str, *, initial_state=Non
     are; or None, having run nothing, where ``op`` is not a ``functools.partial`` of ``linear_attention``
     with a built-in Triton method (or ``auto``) or the call must be differentiable (the caller then calls
     ``op`` itself)."""
+    spec = _builtin_operator(op, layout, b, c, v, initial_state)
+    if spec is None:
+        return None
+    name, precision = spec
+    p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, precision=precision,
+                          two_part=True)
+    run_problem(p, name)
+    return out
+
+
+def _builtin_operator(op: Operator, layout: str, *tensors) -> Optional[tuple[str, Optional[str]]]:
+    """``(method, precision)`` of ``op`` where the backward may build its call's problem itself: ``op`` is
+    ``partial(linear_attention, …)`` in ``layout`` with a built-in Triton method (or ``auto``) and none of
+    ``tensors`` requires grad (a call that must be differentiable goes through ``op``); else None."""
     spec = _operator_keywords(op)
-    if spec is None or spec["layout"] != layout or requires_grad(b, c, v, initial_state):
+    if spec is None or spec["layout"] != layout or requires_grad(*tensors):
         return None
     name = registry.canonical_method(spec["method"])
     if registry.user_method(name) is not None or registry.torch_method(name) is not None:
         return None
-    p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, precision=spec["precision"],
-                          two_part=True)
-    run_problem(p, name)
-    return out
+    return name, spec["precision"]
 
 
 def _operator_keywords(op: Operator) -> Optional[dict]:

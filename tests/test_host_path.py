@@ -178,6 +178,55 @@ class _Compiled:
         return None
 
 
+class _Wrapper:
+    """A stand-in for Triton's launcher object: its Python ``__call__`` puts its flags and the two scratch
+    pointers (none) in front of its arguments and calls the C function ``launch``."""
+
+    def __init__(self, global_scratch=0, profile_scratch=0):
+        self.calls, self.wrapped = [], 0
+        self.global_scratch_size, self.profile_scratch_size = global_scratch, profile_scratch
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+
+    def launch(self, *args):
+        self.calls.append(args)
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.wrapped += 1
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None,
+                    *args)
+
+
+@pytest.mark.parametrize("form", ["known", "unknown", "global scratch", "profile scratch"])
+def test_a_direct_launch_skips_a_known_launcher_wrapper(form, monkeypatch):
+    """A launcher whose ``__call__`` is of a known form (its source's hash) and whose kernel has no scratch is
+    called through its C function, with exactly the arguments its wrapper would hand it; any other
+    launcher is called as it is."""
+    from leettriton.autotune import launcher
+
+    if form != "unknown":
+        monkeypatch.setattr(launcher, "KNOWN_FORMS", launcher.KNOWN_FORMS | {launcher.call_form(_Wrapper)})
+    monkeypatch.setattr(configs, "_current_device", lambda: 0)
+    monkeypatch.setattr(configs, "_current_stream", lambda device: 99)
+    state = torch.zeros(B, H, R, D)
+    b_t, c_t, v_t, out = torch.randn(B, H, R), torch.randn(B, H, R), torch.randn(B, H, D), torch.empty(B, H, D)
+    gamma = torch.full((H,), 0.5)
+    args = decode.decode_args(b_t, c_t, v_t, state, gamma, out)
+    wrapper = _Wrapper(global_scratch=64 if form == "global scratch" else 0,
+                       profile_scratch=64 if form == "profile scratch" else 0)
+    compiled = _Compiled()
+    compiled.run = wrapper
+    grid = lambda meta: (-(-D // meta["BV"]) * B * H,)  # noqa: E731
+    launch = configs.Launch(decode._LAUNCHES, args, grid, dict(BK=16, BV=8, num_warps=2, num_stages=1), compiled,
+                            device=0)
+    tensors = (b_t, c_t, v_t, out, gamma, state, state)
+    assert launch(tensors)
+    (direct,) = wrapper.calls
+    assert wrapper.wrapped == (0 if form == "known" else 1), "the wrapper ran where it should not, or not where it should"
+    wrapper(*direct[:5], *direct[9:])           # the wrapper itself, on the same arguments
+    assert wrapper.calls[1] == direct
+    assert direct[5:9] == (False, True, None, None) and direct[9:13] == ((4, 1, 0), None, None, None)
+
+
 def test_a_direct_launch_hands_every_argument_in_order(monkeypatch):
     """The compiled path's argument tuple: the grid, the stream, the tensors' addresses and every other
     argument in the kernel's order; nothing launched for pointers not 16-byte aligned, another device or

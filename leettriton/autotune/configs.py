@@ -32,6 +32,7 @@ import triton
 from triton import knobs
 
 from .families import FAMILIES, Family, current_family, is_interpreting
+from .launcher import direct_launch
 
 __all__ = ["KernelSpace", "autotune", "launch", "chosen_config", "KERNELS", "config_dict", "autotune_enabled",
            "recording", "PinnedConfigWarning"]
@@ -356,7 +357,7 @@ class Launch:
     """
 
     __slots__ = ("kernel", "names", "take", "fixed", "config", "grid", "device", "run", "function", "packed",
-                 "compiled", "tuned", "tuned_key")
+                 "compiled", "tuned", "tuned_key", "direct", "coop", "pdl")
 
     def __init__(self, owner: "CompiledLaunches", args: Mapping[str, Any], grid, config, compiled=None,
                  device=None, tuned=None) -> None:
@@ -368,7 +369,7 @@ class Launch:
         if compiled is None:  # the interpreter: launch() takes the named arguments and the config
             self.names = tuple(name for name in owner.arg_names if name in args)
             self.grid = grid
-            self.run = self.function = self.packed = None
+            self.run = self.function = self.packed = self.direct = self.coop = self.pdl = None
         else:  # the compiled launcher takes every argument in order, the config's meta-parameters included
             meta = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
             self.names = owner.arg_names
@@ -376,6 +377,11 @@ class Launch:
             grid_now = tuple(grid(meta) if callable(grid) else grid)
             self.grid = grid_now + (1,) * (3 - len(grid_now))
             self.run, self.function, self.packed = compiled.run, compiled.function, compiled.packed_metadata
+            # the launcher's C function, called as its Python wrapper would call it, where that wrapper's
+            # form is known (autotune/launcher.py); else None, and the launcher is called as it is
+            direct = direct_launch(self.run)
+            self.direct = None if direct is None else direct[0]
+            self.coop, self.pdl = (None, None) if direct is None else direct[1][:2]
         others = [name for name in self.names if name not in pointers]
         self.fixed = tuple(args[name] for name in others)
         where = {name: len(pointers) + i for i, name in enumerate(others)}
@@ -421,7 +427,12 @@ class Launch:
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         # Triton's hooks are chains (empty unless a profiler listens), or a function or None in older releases
         if (enter is None or not getattr(enter, "calls", True)) and (leave is None or not getattr(leave, "calls", True)):
-            run(g0, g1, g2, stream, self.function, self.packed, None, None, None, *values)
+            direct = self.direct
+            if direct is not None:  # what run(...) below does, without its Python frame (no scratch to allocate)
+                direct(g0, g1, g2, stream, self.function, self.coop, self.pdl, None, None, self.packed, None, None,
+                       None, *values)
+            else:
+                run(g0, g1, g2, stream, self.function, self.packed, None, None, None, *values)
             return True
         enter, leave = _live(enter), _live(leave)
         metadata = self.compiled.launch_metadata(self.grid, stream, *values)

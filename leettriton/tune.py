@@ -18,6 +18,11 @@ the grid up to date, and rerun after an interruption it resumes.
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
     python -m leettriton.tune --gpu h100 --rd 128x128 --bh 8,32,128 --n 1024,4096   # a grid of one's own
     python -m leettriton.tune --gpu h100 --quick --remeasure  # the quick grid's points, on today's code
+
+Shards measured side by side on several GPUs of one host each write their own file (``--out``);
+``--merge`` then takes their points into the family's file, without measuring anything:
+
+    python -m leettriton.tune --gpu h100 --merge /tmp/shard0.json /tmp/shard1.json
 """
 from __future__ import annotations
 
@@ -127,6 +132,40 @@ def select_grid(opts) -> dict:
     return grid
 
 
+def _read_doc(path: str, family: str) -> dict:
+    """A heuristic file's document; ValueError when it is not one of ``family``."""
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("family") != family:
+        raise ValueError(f"{path} is not a {family} heuristic file (format {FORMAT!r})")
+    return doc
+
+
+def merge(out: str, family: str, shards: list) -> int:
+    """Take every point of ``shards`` (heuristic files of ``family``) into ``out``: a shard's point replaces
+    the output's point of the same key, the grids are united, and the output's ``"measured"`` becomes the
+    last shard's (each point keeps its own).  Every shard is read before anything is written."""
+    try:
+        docs = [_read_doc(path, family) for path in shards]
+        doc = _read_doc(out, family) if os.path.exists(out) else None
+    except (OSError, ValueError) as e:
+        print(f"leettriton.tune: {e}", file=sys.stderr)
+        return 2
+    if doc is None:
+        doc = {"format": FORMAT, "family": family, "measured": {}, "grid": {}, "points": []}
+    for path, shard in zip(shards, docs):
+        keys = {_point_key(p) for p in shard["points"]}
+        doc["points"] = [p for p in doc["points"] if _point_key(p) not in keys] + list(shard["points"])
+        axes = list(doc["grid"]) + [k for k in shard.get("grid", {}) if k not in doc["grid"]]
+        doc["grid"] = {k: [json.loads(x) for x in sorted({json.dumps(v) for v in doc["grid"].get(k, [])
+                                                            + shard.get("grid", {}).get(k, [])})] for k in axes}
+        doc["measured"] = shard["measured"]
+        print(f"{path}: {len(keys)} points", flush=True)
+    _save(out, doc)
+    print(f"wrote {out} ({len(doc['points'])} points)", flush=True)
+    return 0
+
+
 def _save(path: str, doc: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -154,8 +193,12 @@ def main(argv=None) -> int:
                     help="measure again the grid's points that were measured with other code than this commit")
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
+    ap.add_argument("--merge", nargs="+", metavar="FILE",
+                    help="take the points of these files (shards written with --out) into the output; measures nothing")
     opts = ap.parse_args(argv)
 
+    if opts.merge:
+        return merge(opts.out or default_path(opts.gpu), opts.gpu, opts.merge)
     if not torch.cuda.is_available():
         print("leettriton.tune: no CUDA device: the heuristic file must be measured on the GPU it is for",
               file=sys.stderr)

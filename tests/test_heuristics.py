@@ -278,3 +278,34 @@ def test_tune_does_not_run_at_larger_n_what_lost_tenfold_at_a_measured_point(tmp
     assert calls == [("vanilla", 32)]
     doc = json.loads(open(out).read())
     assert {p["n"]: p["times_ms"]["causal_dot_product"] for p in doc["points"]} == {16: 320.0 / 16, 32: None}
+
+
+def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
+    """Shards written with --out on separate GPUs come together with --merge: a shard's point replaces the
+    same key's, other points stay, the grids unite, nothing is measured; a foreign file changes nothing."""
+    out, shard_a, shard_b = (str(tmp_path / f) for f in ("h100.json", "a.json", "b.json"))
+    calls = []
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 2.0}, calls)
+    assert tune.main(_tiny_grid(out, "yes", "vanilla,block_based") + ["--n", "16,32"]) == 0
+    _stand_in_tuner(monkeypatch, "bbbbbbb", {"vanilla": 3.0, "block_based": 2.0}, calls)
+    assert tune.main(_tiny_grid(shard_a, "yes", "vanilla,block_based") + ["--n", "32"]) == 0
+    assert tune.main(_tiny_grid(shard_b, "no", "vanilla,block_based") + ["--n", "64"]) == 0
+    before = open(out).read()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # merging needs no GPU
+    calls.clear()
+
+    foreign = tmp_path / "a100.json"
+    foreign.write_text(json.dumps({"format": FORMAT, "family": "a100", "measured": {}, "grid": {}, "points": []}))
+    assert tune.main(["--gpu", "h100", "--out", out, "--merge", shard_a, str(foreign)]) == 2
+    assert "not a h100 heuristic file" in capsys.readouterr().err
+    assert open(out).read() == before
+
+    assert tune.main(["--gpu", "h100", "--out", out, "--merge", shard_a, shard_b]) == 0
+    assert calls == []
+    doc = json.loads(open(out).read())
+    got = {(p["decay"], p["n"]): (p["best"], p["measured"]["git_sha"]) for p in doc["points"]}
+    assert got == {(True, 16): ("vanilla", "aaaaaaa"), (True, 32): ("block_based", "bbbbbbb"),
+                   (False, 64): ("block_based", "bbbbbbb")}
+    assert doc["grid"]["n"] == [16, 32, 64] and doc["grid"]["decay"] == [False, True]
+    assert doc["measured"] == json.loads(open(shard_b).read())["measured"]
+    assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 3

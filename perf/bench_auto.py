@@ -4,12 +4,17 @@
     python perf/bench_auto.py --no-cold --max-minutes 8 --resume   # in pieces: the file is written
                                                                     # after every shape
     python perf/bench_auto.py --cold-only                           # the cold start alone
+    python perf/bench_auto.py --no-cold --dtypes float16 --out /tmp/a   # one dtype per GPU, side by side,
+    python perf/bench_auto.py --merge /tmp/a/h100/bench_auto.json ...   # then one file of them all
 
 1. For n ∈ {3000, 20000, 70000}, batch·heads ∈ {48, 96}, fp16 / bf16 / fp32, with and without decay
-   (heads 16, r = d = 128): ``auto`` (the heuristic file's method and config, no tuning on the call
-   path) and every Triton method (each autotuned for the shape: the autotuners' caches are cleared
-   before each shape) timed in the same run; a method 10× slower than the best is not run at the
-   larger n of its series.
+   (heads 16, r = d = 128), and batch 1 × n 8192 at heads 32 (r = d = 128); in float16 and bfloat16
+   with decay, the attention layers of the model benchmark (perf/bench_model_shapes.py: RetNet-1.3B,
+   heads 8, r = 256, d = 512; TransNormerLLM-7B, heads 32, r = d = 128; small GLA / RetNet, heads 16,
+   r = d = 64) at sequence lengths the tune grid does not hold: ``auto`` (the heuristic file's method
+   and config, no tuning on the call path) and every Triton method (each autotuned for the shape: the
+   autotuners' caches are cleared before each shape) timed in the same run; a method 10× slower than
+   the best is not run at the larger n of its series.
    Target: auto within 10% of the best on ≥ 90% of the shapes, never worse than 1.5×.
 2. Cold start, each in a fresh process with an empty Triton cache: the wall time of the first ``auto``
    call at a new shape (compile included), then of a second call at another n (no recompile, no
@@ -64,11 +69,32 @@ print("RESULT " + json.dumps(out))
 """
 
 
+MODEL_LAYERS = ((8, 256, 512), (32, 128, 128), (16, 64, 64))
+"""(heads, r, d) of the attention layers of perf/bench_model_shapes.py: RetNet-1.3B, TransNormerLLM-7B and a
+small GLA / RetNet."""
+
+MODEL_SHAPES = ((1, 5000), (1, 12000), (3, 12000))
+"""(batch, n) of those layers here: sequence lengths between the tune grid's 2048, 8192 and 32768."""
+
+
 def shapes(quick: bool, dtypes):
+    """The shapes measured, as (dtype, decay, heads, r, d, batch, n)."""
     ns = [3000, 20000] if quick else [3000, 20000, 70000]
     bhs = [48] if quick else [48, 96]
     dtypes = dtypes or (["float16"] if quick else ["float16", "bfloat16", "float32"])
-    return [(dt, dec, bh, n) for dt in dtypes for dec in (True, False) for bh in bhs for n in ns]
+    out = [(dt, dec, HEADS, 128, 128, bh // HEADS, n) for dt in dtypes for dec in (True, False) for bh in bhs
+           for n in ns]
+    if quick:
+        return out
+    out += [(dt, dec, 32, 128, 128, 1, 8192) for dt in dtypes for dec in (True, False)]
+    out += [(dt, True, heads, r, d, batch, n) for dt in dtypes if dt != "float32" for heads, r, d in MODEL_LAYERS
+            for batch, n in MODEL_SHAPES]
+    return out
+
+
+def _key(row) -> tuple:
+    return (row["dtype"], row["decay"], row.get("heads", HEADS), row.get("r", 128), row.get("d", 128),
+            row["batch"], row["n"])
 
 
 SLOWER_TO_DROP = 10.0
@@ -85,24 +111,24 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
     """
     from leettriton.autotune import KERNELS
 
-    done = {(r["dtype"], r["decay"], r["bh"], r["n"]): r for r in (done or [])}
+    done = {_key(r): r for r in (done or [])}
     rows, dropped = [], {}
-    for dt, dec, bh, n in shapes(quick, dtypes):
-        series = (dt, dec, bh)
-        if (dt, dec, bh, n) in done:
-            row = done[(dt, dec, bh, n)]
+    for dt, dec, heads, r, d, batch, n in shapes(quick, dtypes):
+        series = (dt, dec, heads, r, d, batch)
+        if (dt, dec, heads, r, d, batch, n) in done:
+            row = done[(dt, dec, heads, r, d, batch, n)]
             rows.append(row)
             timed = {m: t for m, t in row["times_ms"].items() if t is not None}
             dropped.setdefault(series, set()).update(m for m, t in timed.items()
                                                       if t > SLOWER_TO_DROP * row["best_ms"])
             continue
         if deadline is not None and time.time() > deadline:
-            print(f"time limit reached before {dt} decay={dec} bh={bh} n={n}: rerun with --resume", flush=True)
+            print(f"time limit reached before {dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: rerun with --resume",
+                  flush=True)
             break
-        batch = bh // HEADS
         dtype = getattr(torch, dt)
-        b, c, v = make_inputs(batch, HEADS, n, 128, 128, dtype, "cuda", seed=n)
-        gamma = decay_gammas(HEADS, "cuda") if dec else None
+        b, c, v = make_inputs(batch, heads, n, r, d, dtype, "cuda", seed=n)
+        gamma = decay_gammas(heads, "cuda") if dec else None
         chosen = leettriton.plan.choose(leettriton.problem.make_problem(b, c, v, gamma)[0])[0]
         times = {}
         os.environ["LEETTRITON_AUTOTUNE"] = "1"
@@ -122,11 +148,11 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
         timed = {m: t for m, t in times.items() if t is not None}
         best = min(timed, key=timed.get)
         dropped.setdefault(series, set()).update(m for m, t in timed.items() if t > SLOWER_TO_DROP * timed[best])
-        row = dict(dtype=dt, decay=dec, bh=bh, batch=batch, heads=HEADS, n=n, r=128, d=128, auto_ms=t_auto,
+        row = dict(dtype=dt, decay=dec, bh=batch * heads, batch=batch, heads=heads, n=n, r=r, d=d, auto_ms=t_auto,
                    auto_method=chosen, best_method=best, best_ms=timed[best], ratio=t_auto / timed[best],
                    times_ms=times)
         rows.append(row)
-        print(f"{dt} decay={dec} bh={bh} n={n}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
+        print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
               f"ratio {row['ratio']:.2f}", flush=True)
         del b, c, v
         if save is not None:
@@ -168,14 +194,20 @@ def main(argv=None) -> int:
     ap.add_argument("--cold-timeout", type=float, default=420, help="seconds allowed to each cold-start process")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop before a shape once this long has passed")
     ap.add_argument("--resume", action="store_true", help="keep the shapes already in the output file")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="write one file of the rows of these runs (of one GPU model, e.g. one dtype per GPU) "
+                         "to OUT/<gpu>/bench_auto; measures nothing")
     opts = ap.parse_args(argv)
+    if opts.merge:
+        return merge(opts.merge, opts.out)
     if not torch.cuda.is_available():
         print("bench_auto: needs a CUDA device (auto is measured against the kernels on the GPU)")
         return 0
     start = time.time()
     env = environment("cuda")
     meta = dict(env, command="python perf/bench_auto.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                heuristics=getattr(leettriton.autotune.heuristics.active_heuristics(env["family"]), "path", None))
+                heuristics=getattr(leettriton.autotune.heuristics.active_heuristics(env["family"], leettriton.METHODS),
+                                   "path", None))
     if opts.cold_only:
         cold = cold_start(3000, 5000, opts.cold_timeout)
         meta.update(cold_start=cold)
@@ -212,13 +244,40 @@ def main(argv=None) -> int:
     return 0
 
 
+def merge(paths, out: str) -> int:
+    """One bench_auto file from the rows of several runs on the same GPU model (their shapes in
+    :func:`shapes` order; a shape measured twice keeps the last run's row)."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    devices = {run["meta"].get("device") for run in runs}
+    if len(devices) != 1:
+        raise SystemExit(f"--merge: the runs were measured on different GPUs: {sorted(map(str, devices))}")
+    by_key = {_key(row): row for run in runs for row in run["rows"]}
+    order = {key: i for i, key in enumerate(
+        (dt, dec, heads, r, d, batch, n) for dt, dec, heads, r, d, batch, n in shapes(False, None))}
+    rows = sorted(by_key.values(), key=lambda row: order.get(_key(row), len(order)))
+    meta = dict(runs[-1]["meta"], command=" ; ".join(run["meta"].get("command", "?") for run in runs)
+                + " ; python perf/bench_auto.py --merge " + " ".join(paths))
+    meta.update(within_10pct=f"{sum(r['ratio'] <= 1.10 for r in rows)}/{len(rows)}",
+                worst_ratio=max((r["ratio"] for r in rows), default=None),
+                shapes_planned=sum(run["meta"].get("shapes_planned", 0) for run in runs))
+    cold = next((run["meta"]["cold_start"] for run in runs if run["meta"].get("cold_start")), None)
+    path = os.path.join(out, meta["device_slug"], "bench_auto")
+    write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
+    print(_table(rows, cold))
+    return 0
+
+
 def _table(rows, cold=None) -> str:
     within = sum(r["ratio"] <= 1.10 for r in rows)
     worst = max((r["ratio"] for r in rows), default=float("nan"))
-    lines = ["| dtype | decay | batch·heads | n | auto (ms) | auto's method | best | best (ms) | auto / best |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dtype | decay | batch × heads | r × d | n | auto (ms) | auto's method | best | best (ms) | auto / best |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['decay']} | {r['bh']} | {r['n']} | {r['auto_ms']:.3f} | {r['auto_method']} "
+        lines.append(f"| {r['dtype']} | {r['decay']} | {r['batch']} × {r['heads']} | {r.get('r', 128)} × {r.get('d', 128)} "
+                     f"| {r['n']} | {r['auto_ms']:.3f} | {r['auto_method']} "
                      f"| {r['best_method']} | {r['best_ms']:.3f} | {r['ratio']:.2f} |")
     lines += ["", f"auto within 10% of the best on {within} of {len(rows)} shapes (target ≥ 90%); "
               f"worst ratio {worst:.2f} (target ≤ 1.5)"]

@@ -196,6 +196,19 @@ class _Wrapper:
                     *args)
 
 
+def _decode_launch_inputs(monkeypatch):
+    """The arguments, tensors (in launch order) and grid of a decode step on device 0, stream 99 (stand-ins)."""
+    monkeypatch.setattr(configs, "_current_device", lambda: 0)
+    monkeypatch.setattr(configs, "_current_stream", lambda device: 99)
+    state = torch.zeros(B, H, R, D)
+    b_t, c_t, v_t, out = torch.randn(B, H, R), torch.randn(B, H, R), torch.randn(B, H, D), torch.empty(B, H, D)
+    gamma = torch.full((H,), 0.5)
+    args = decode.decode_args(b_t, c_t, v_t, state, gamma, out)
+    grid = lambda meta: (-(-D // meta["BV"]) * B * H,)  # noqa: E731
+    # the state stands in for the slot ids of a slotted step
+    return args, (b_t, c_t, v_t, out, gamma, state, state), grid
+
+
 @pytest.mark.parametrize("form", ["known", "unknown", "global scratch", "profile scratch"])
 def test_a_direct_launch_skips_a_known_launcher_wrapper(form, monkeypatch):
     """A launcher whose ``__call__`` is of a known form (its source's hash) and whose kernel has no scratch is
@@ -205,20 +218,13 @@ def test_a_direct_launch_skips_a_known_launcher_wrapper(form, monkeypatch):
 
     if form != "unknown":
         monkeypatch.setattr(launcher, "KNOWN_FORMS", launcher.KNOWN_FORMS | {launcher.call_form(_Wrapper)})
-    monkeypatch.setattr(configs, "_current_device", lambda: 0)
-    monkeypatch.setattr(configs, "_current_stream", lambda device: 99)
-    state = torch.zeros(B, H, R, D)
-    b_t, c_t, v_t, out = torch.randn(B, H, R), torch.randn(B, H, R), torch.randn(B, H, D), torch.empty(B, H, D)
-    gamma = torch.full((H,), 0.5)
-    args = decode.decode_args(b_t, c_t, v_t, state, gamma, out)
+    args, tensors, grid = _decode_launch_inputs(monkeypatch)
     wrapper = _Wrapper(global_scratch=64 if form == "global scratch" else 0,
                        profile_scratch=64 if form == "profile scratch" else 0)
     compiled = _Compiled()
     compiled.run = wrapper
-    grid = lambda meta: (-(-D // meta["BV"]) * B * H,)  # noqa: E731
     launch = configs.Launch(decode._LAUNCHES, args, grid, dict(BK=16, BV=8, num_warps=2, num_stages=1), compiled,
                             device=0)
-    tensors = (b_t, c_t, v_t, out, gamma, state, state)
     assert launch(tensors)
     (direct,) = wrapper.calls
     assert wrapper.wrapped == (0 if form == "known" else 1), "the wrapper ran where it should not, or not where it should"
@@ -231,17 +237,10 @@ def test_a_direct_launch_hands_every_argument_in_order(monkeypatch):
     """The compiled path's argument tuple: the grid, the stream, the tensors' addresses and every other
     argument in the kernel's order; nothing launched for pointers not 16-byte aligned, another device or
     while a recorder listens."""
-    monkeypatch.setattr(configs, "_current_device", lambda: 0)
-    monkeypatch.setattr(configs, "_current_stream", lambda device: 99)
-    state = torch.zeros(B, H, R, D)
-    b_t, c_t, v_t, out = torch.randn(B, H, R), torch.randn(B, H, R), torch.randn(B, H, D), torch.empty(B, H, D)
-    gamma = torch.full((H,), 0.5)
-    args = decode.decode_args(b_t, c_t, v_t, state, gamma, out)
+    args, tensors, grid = _decode_launch_inputs(monkeypatch)
     config = dict(BK=16, BV=8, num_warps=2, num_stages=1)
     compiled = _Compiled()
-    grid = lambda meta: (-(-D // meta["BV"]) * B * H,)  # noqa: E731
     launch = configs.Launch(decode._LAUNCHES, args, grid, config, compiled, device=0)
-    tensors = (b_t, c_t, v_t, out, gamma, state, state)  # the state stands in for the slot ids of a slotted step
     assert launch(tensors)
     (call,) = compiled.calls
     assert call[:9] == (2 * B * H, 1, 1, 99, 7, (4, 1, 0), None, None, None)

@@ -19,14 +19,19 @@ def _state_fits(cfg, args) -> bool:
     return regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"]) <= 64
 
 
+# sm_90: one warpgroup with state tiles up to 128 × 64, or two with 128 × 128 (a quarter of the programs
+# at r = 256, d = 512, each re-reading c and v half as often)
+_SM90 = [dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
+         dict(BT=[64], BK=[128], BV=[128], num_warps=[8], num_stages=[2, 3])]
+
 STATE = KernelSpace(
     name="segments.state",
     axes={
         "default": dict(BT=[64], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
         "a6000": dict(BT=[32, 64], BK=[64], BV=[32, 64], num_warps=[4], num_stages=[2]),
         "ada": dict(BT=[32, 64], BK=[64], BV=[32, 64], num_warps=[4], num_stages=[2]),
-        "h100": dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
-        "h200": dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
+        "h100": _SM90,
+        "h200": _SM90,
     },
     cpu=dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=1),
     smem=_state_smem,

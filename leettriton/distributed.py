@@ -407,7 +407,7 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
         return state.copy_(p.initial_state) if p.initial_state is not None else state.zero_()
     q = replace(p, state=state)
     if registry.torch_method(name) is None and (p.v.device.type == "cuda" or is_interpreting()):
-        seg_len = segment_length(B * H, n, d, current_family(p.v.device))
+        seg_len = segment_length(B * H, n, r, d, p.v.element_size(), current_family(p.v.device))
         if seg_len >= n:
             segments.final_state(q)
         else:

@@ -3,9 +3,11 @@
     python perf/walk_configs.py --configs '[{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 4}]' \
         --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192 [--heads 8 --r 256 --d 512]
 
-For each config and each value of the segment rule's programs per SM, ``block_based`` runs at
+For each config and each value of the segment rule's programs per SM (a cap: a config that leaves
+room for fewer gets fewer, methods/block_based/space.py), ``block_based`` runs at
 every shape (heads 32, r = d = 128 unless given, with decay unless ``--no-decay``, float16 by default) with its walk pinned to the
-config (the segment-state kernels autotuned); the output is compared with the float64 oracle (on
+config (the segment-state kernel autotuned, or pinned to the entry's ``"state"`` config, and then
+also timed alone); the output is compared with the float64 oracle (on
 a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench``.
 Configs the family's pruning would reject are run as given (that is the point: to measure
 them).  Each config runs in its own process, so a faulting one cannot end the others.  The
@@ -27,6 +29,7 @@ from leettriton.plan import run_problem
 from leettriton.problem import make_problem
 import leettriton.autotune.configs as configs
 from leettriton.methods.block_based import space as bb
+from leettriton.kernels.segments import segment_local_states
 
 cfg, pps_list, shapes, dtype = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 use_decay, precision = sys.argv[5] == "decay", sys.argv[6]
@@ -34,6 +37,7 @@ heads, r, d = json.loads(sys.argv[7])
 configs._fits = lambda space, config, args: True   # run the config as given
 dt = getattr(torch, dtype)
 pps_list = cfg.pop("pps", pps_list)
+state_cfg = cfg.pop("state", None)
 for batch, n in shapes:
     g = torch.Generator(device="cuda").manual_seed(0)
     b, c = (torch.randn(batch, heads, n, r, device="cuda", dtype=dt, generator=g) * r ** -0.5 for _ in range(2))
@@ -43,14 +47,18 @@ for batch, n in shapes:
     p, out = make_problem(b, c, v, gamma, precision=precision if dt == torch.float32 else None)
     for pps in pps_list:
         bb.PROGRAMS_PER_SM = pps
-        seg = bb.segment_length(batch * heads, n, d, leettriton.autotune.current_family(), cfg)
-        call = lambda: run_problem(p, "block_based", {"block_based.fwd": cfg})
+        seg = bb.segment_length(batch * heads, n, r, d, dt.itemsize, leettriton.autotune.current_family(), cfg)
+        pinned = {"block_based.fwd": cfg, **({"segments.state": state_cfg} if state_cfg else {})}
+        call = lambda: run_problem(p, "block_based", pinned)
         out.fill_(float("nan"))
         try:
             call(); torch.cuda.synchronize()
             err = check.error(out)
             ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
             res = dict(ms=ms, err=err)
+            if seg < n:   # the segment-state pass alone (every segment but the last)
+                states = lambda: segment_local_states(p, seg, pinned, last=False)
+                res["state_ms"] = triton.testing.do_bench(states, warmup=25, rep=100, return_mode="median")
         except Exception as e:
             res = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
         print("RESULT " + json.dumps(dict(pps=pps, batch=batch, n=n, seg=seg, **res)), flush=True)
@@ -61,7 +69,7 @@ for batch, n in shapes:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", required=True, help='JSON list of walk configs (a "pps" key: that '
-                    "config's own list of programs per SM)")
+                    "config's own list of programs per SM; a \"state\" key: the segment-state kernel's config)")
     ap.add_argument("--programs-per-sm", default="2", help="comma-separated values of the segment rule")
     ap.add_argument("--shapes", default="1x100000,1x32768,1x8192,16x8192", help="comma-separated BATCHxN")
     ap.add_argument("--dtype", default="float16")
@@ -95,6 +103,8 @@ def main(argv=None) -> int:
         for x in lines:
             where = f"pps {x['pps']} {x['batch']:>2} x {x['n']:<6} seg {x['seg']:<6}" if "pps" in x else ""
             what = f"{x['ms']:8.3f} ms  err {x['err']:.1e}" if "ms" in x else x["error"]
+            if "state_ms" in x:
+                what += f"  (segment states {x['state_ms']:.3f} ms)"
             print(f"{json.dumps(cfg):70s} {where} {what}", flush=True)
     return 0
 

@@ -95,8 +95,41 @@ def test_chunk_walk_space_on_sm90_puts_64_row_chunks_first_for_16bit_only():
     assert all(cfg["num_warps"] == 4 for cfg in first(torch.float16, "tf32"))   # r ≤ 128: 4 warps only
     assert all(cfg["BT"] <= 32 for cfg in first(torch.float32, "tf32"))
     assert all(cfg["BT"] == 16 and cfg["BV"] == 16 for cfg in first(torch.float32, "ieee"))
-    # 64-row chunks only with 2 stages (3 would leave room for one program per multiprocessor)
-    assert all(cfg["num_stages"] == 2 for cfg in first(torch.float16, "tf32") if cfg["BT"] == 64)
+    # 64-row chunks with 2 stages, and 3 (one program per multiprocessor) only at r ≤ 128
+    assert {cfg["num_stages"] for cfg in first(torch.float16, "tf32") if cfg["BT"] == 64} == {2, 3}
+    assert all(cfg["num_stages"] == 2 for cfg in wide if cfg["BT"] == 64)
+
+
+def test_block_based_segments_follow_the_walk_config_s_occupancy():
+    """A walk config that leaves room for one program per SM gets segments for one program per SM (half
+    as many, twice as long); the autotuner times a segmented walk only with configs of the reference
+    occupancy, and the tuner times the others pinned, each with its own segments."""
+    from leettriton.methods.block_based import space as bb
+    from leettriton.problem import make_problem
+
+    h100 = FAMILIES["h100"]
+    two = dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=2)    # 80 KB of tiles at r = d = 128
+    one = dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=3)    # 120 KB: one program per SM
+    wide = dict(BT=64, BK=64, BV=128, num_warps=8, num_stages=2)  # 8 warps of 255 registers
+    assert bb.programs_per_sm(None, 128, 2, h100) == bb.PROGRAMS_PER_SM == 2
+    assert [bb.programs_per_sm(cfg, 128, 2, h100) for cfg in (two, one, wide)] == [2, 1, 1]
+    assert bb.programs_per_sm(one, 64, 2, h100) == 2                 # narrower b and c tiles: two fit
+    # 1 × 32 heads × 32 768: 64 walks (value tiles × heads), 132 SMs
+    assert bb.segment_length(32, 32768, 128, 128, 2, h100, two) == bb.segment_length(32, 32768, 128, 128, 2, h100) == 8192
+    assert bb.segment_length(32, 32768, 128, 128, 2, h100, one) == 16384
+
+    v = torch.empty(1, dtype=torch.float16)
+    seg = {"R": 128, "D": 128, "v_ptr": v, "DOT_PRECISION": "ieee", "SEGMENTED": True}
+    assert bb.FWD.trial(two, seg, h100) and not bb.FWD.trial(one, seg, h100)
+    assert bb.FWD.trial(one, {**seg, "SEGMENTED": False}, h100)     # one segment: every config is timed
+
+    b, c = (torch.empty(1, 2, 131072, 128, dtype=torch.float16) for _ in range(2))
+    p, _ = make_problem(b, c, torch.empty(1, 2, 131072, 128, dtype=torch.float16), None)
+    alternatives = bb.alternatives(p, h100)
+    assert {"block_based.fwd": one} in alternatives and {"block_based.fwd": two} not in alternatives
+    assert all(bb.programs_per_sm(a["block_based.fwd"], 128, 2, h100) == 1 for a in alternatives)
+    short, _ = make_problem(b[:, :, :2048], c[:, :, :2048], b[:, :, :2048], None)
+    assert bb.alternatives(short, h100) == []                          # one segment either way
 
 
 def test_autotune_switch(monkeypatch):

@@ -309,3 +309,46 @@ def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
     assert doc["grid"]["n"] == [16, 32, 64] and doc["grid"]["decay"] == [False, True]
     assert doc["measured"] == json.loads(open(shard_b).read())["measured"]
     assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 3
+
+
+def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypatch):
+    """After the autotuned choice, the tuner times each of the method's alternatives (configs the
+    autotuner could not time under their own schedule) pinned over the autotuned configs, and keeps
+    the fastest: the point records its time and its whole config."""
+    import dataclasses
+    import triton.testing
+    from leettriton import registry
+
+    method = registry.builtin("block_based")
+    walk = method.spaces[0].name
+    slow, fast = dict(BT=32, num_stages=3), dict(BT=64, num_stages=3)
+    alternatives = [{walk: slow}, {walk: fast}]
+    monkeypatch.setattr(tune.registry, "builtin", lambda name: dataclasses.replace(
+        method, alternatives=lambda p, family: alternatives))
+    ran = []
+    real_run = tune.run_problem
+
+    def run(p, name, config=None):
+        ran.append(config)
+        return real_run(p, name) if config is None else None   # the autotuned call runs; pinned ones are timed
+    monkeypatch.setattr(tune, "run_problem", run)
+    times = {None: 2.0, "BT32": 3.0, "BT64": 1.5}
+
+    def bench(fn, **kwargs):
+        fn()
+        cfg = ran[-1].get(walk) if ran[-1] is not None else None
+        return times[f"BT{cfg['BT']}" if cfg in (slow, fast) else None]
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    b, c, v, gamma, _ = Case(1, 1, 64, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
+    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=False)
+    assert ms == 1.5 and config[walk] == fast
+    # the autotuned call, its timing, then each alternative: compiled, then timed
+    assert ran[0] is None and [cfg[walk] for cfg in ran[2:]] == [slow, slow, fast, fast]
+
+    times["BT64"] = 2.5   # no alternative beats the autotuned choice: it stays
+    ran.clear()
+    ms, autotuned = tune._time_method("block_based", b, c, v, gamma, retune=False)
+    assert ms == 2.0 and autotuned.get(walk) not in (slow, fast)
+    assert config == {**autotuned, walk: fast}    # an alternative keeps the autotuned configs of the other kernels

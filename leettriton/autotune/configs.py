@@ -64,6 +64,11 @@ class KernelSpace:
             thread, tiles larger than the problem).
         keep: ``keep(config) -> bool``: drops combinations of the axes that no
             launch could use, whatever its shape, from every family's list.
+        trial: ``trial(config, args, family) -> bool``: whether the autotuner may time this
+            usable config for this launch (default: every one).  A config the launch's other
+            parameters were not chosen for (segments sized for another occupancy) runs only
+            when pinned: from a heuristic file, or timed by the tuner with its own schedule
+            (``Method.alternatives``).
     """
 
     name: str
@@ -72,6 +77,7 @@ class KernelSpace:
     smem: Callable[[ConfigDict, Mapping[str, Any]], int]
     fits: Callable[[ConfigDict, Mapping[str, Any]], bool] = field(default=_default_fits)
     keep: Callable[[ConfigDict], bool] | None = None
+    trial: Callable[[ConfigDict, Mapping[str, Any], Family], bool] | None = None
 
     def family_configs(self, family: Family | str) -> list[dict[str, int]]:
         """All configs of a family, before pruning for a particular launch."""
@@ -154,7 +160,10 @@ def autotune(space: KernelSpace, key: Sequence[str], **kwargs):
     def prune(configs, named_args, **meta):
         family = current_family()
         args = {**named_args, **meta}
-        wanted = {tuple(sorted(c.items())) for c in space.usable(family, args)}
+        usable = space.usable(family, args)
+        if space.trial is not None:
+            usable = [c for c in usable if space.trial(c, args, family)] or usable
+        wanted = {tuple(sorted(c.items())) for c in usable}
         kept = [c for c in configs if tuple(sorted(config_dict(c).items())) in wanted]
         if not kept:
             raise NoConfigFits(

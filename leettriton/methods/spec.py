@@ -7,7 +7,7 @@ and one :class:`Method` (``__init__.py``) that names them (docs/design.md §3, �
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..autotune.configs import KernelSpace
 from ..autotune.families import Family
@@ -42,6 +42,10 @@ def no_schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> Mappi
     return {}
 
 
+def no_alternatives(p: Problem, family: Family) -> Sequence[Mapping[str, Mapping[str, int]]]:
+    return ()
+
+
 @dataclass(frozen=True)
 class Method:
     """A built-in method.
@@ -55,6 +59,9 @@ class Method:
         torch_twin: the PyTorch version, ``twin(problem)``, run for CPU tensors outside the interpreter.
         schedule: ``schedule(problem, family, configs) -> dict``: the method's launch parameters for
             this shape (segment or leaf length), part of the plan.
+        alternatives: ``alternatives(problem, family) -> [configs]``: pinned configs (space name →
+            config) that the tuner times besides the autotuned choice, each under the schedule its
+            own configs give (the autotuner times every config under one schedule).
         runs_reversed: ``launch`` runs a reversed problem (``Problem.reverse``, docs/design.md §10.3)
             correctly: every kernel it launches takes b, c, v and the output from ``problem_args``,
             and the launcher cuts the sequence only through ``Problem.rows``.  A method without it
@@ -66,4 +73,5 @@ class Method:
     spaces: tuple[KernelSpace, ...]
     torch_twin: Callable[[Problem], None]
     schedule: Callable[[Problem, Family, Optional[Mapping]], Mapping[str, Any]] = no_schedule
+    alternatives: Callable[[Problem, Family], Sequence[Mapping[str, Mapping[str, int]]]] = no_alternatives
     runs_reversed: bool = False

@@ -15,5 +15,6 @@ METHOD = Method(
     spaces=(space.FWD, SEGMENTS.STATE, SEGMENTS.SCAN),
     torch_twin=block_based_torch,
     schedule=space.schedule,
+    alternatives=space.alternatives,
     runs_reversed=True,
 )

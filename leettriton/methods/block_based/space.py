@@ -8,22 +8,40 @@ GPU-specific choice (the number of multiprocessors to fill).
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+import dataclasses
+from typing import Any, Mapping, Optional
 
 
 from ...autotune.families import Family
-from ...autotune.sizing import cdiv, pow2
+from ...autotune.sizing import cdiv, elem_bytes, pow2
+from ...kernels.abi import problem_args
 from ...kernels.segments_space import segment_length as shared_segment_length
 from ...problem import Problem
+from ..lightning_attention.kernels import WALK_MAX_R
 from ..lightning_attention.space import walk_space
 
-FWD = walk_space("block_based.fwd")
+
+def _trial(config: Mapping[str, int], args: Mapping[str, Any], family: Family) -> bool:
+    """The autotuner times a segmented walk under segments sized for ``PROGRAMS_PER_SM`` programs per
+    multiprocessor (it has no config yet): only the configs that run that many.  The others get
+    their own segments when pinned; the tuner times them so (:func:`alternatives`)."""
+    return not args.get("SEGMENTED") or programs_per_sm(config, args["R"], elem_bytes(args), family) == PROGRAMS_PER_SM
+
+
+FWD = dataclasses.replace(walk_space("block_based.fwd"), trial=_trial)
 
 PROGRAMS_PER_SM = 2
 """Walk programs to aim for per multiprocessor: exactly one wave.  The 16-bit
 configs run 4 warps with 240-255 registers per thread and 25-82 KB of shared
 memory on sm_90, so two programs share an SM (the loads of one hide behind the
-products of the other); a second, partial wave would leave SMs idle at the end."""
+products of the other); a second, partial wave would leave SMs idle at the end.
+A config that leaves room for only one (:func:`programs_per_sm`) gets one."""
+
+REGISTERS_PER_SM = 65536
+"""32-bit registers of one multiprocessor (every family so far)."""
+
+WALK_REGISTERS = 255
+"""Registers per thread to assume for a walk program: the 16-bit walks compile to 240-255 on sm_90."""
 
 MIN_SEGMENT = 1024
 """Fewest rows per segment: below this the extra traffic of a segment (its
@@ -48,16 +66,36 @@ with decay, against 2.48 ms with the segment count of its own width
 (perf/results/h100/walk_configs.log, where 32-wide tiles took 4.68 ms)."""
 
 
-def segment_length(batch_heads: int, n: int, d: int, family: Family,
+def programs_per_sm(config: Optional[Mapping[str, int]], r: int, itemsize: int, family: Family) -> int:
+    """Walk programs of ``config`` that one multiprocessor holds at once, at most ``PROGRAMS_PER_SM``
+    (that many without a config: the autotuner's trials).
+
+    Registers: ``WALK_REGISTERS`` per thread, so 8 warps leave room for one program.  Shared memory:
+    the pipelined tiles, ``num_stages`` copies of the BT-row tiles of b, c (r wide, or the width of
+    one piece of r: ``WALK_MAX_R``) and v, a lower
+    bound of what the compiler allocates (sm_90, float16, Triton 3.6: 120 KB of 120 KB at BT = 64,
+    3 stages, r = d = 128, BV = 64: one program per SM; 76 KB of 108 KB at BT = 32, 3 stages,
+    r = 256: two).
+    """
+    if not config:
+        return PROGRAMS_PER_SM
+    by_registers = REGISTERS_PER_SM // (WALK_REGISTERS * 32 * config["num_warps"])
+    tiles = config["num_stages"] * config["BT"] * (2 * pow2(min(r, WALK_MAX_R)) + config["BV"]) * itemsize
+    return max(1, min(PROGRAMS_PER_SM, by_registers, family.smem_per_block // tiles))
+
+
+def segment_length(batch_heads: int, n: int, r: int, d: int, itemsize: int, family: Family,
                    config: Optional[Mapping[str, int]] = None) -> int:
-    """Rows per segment for a launch of ``batch_heads`` sequences of ``n`` rows, value width ``d``:
-    the shared rule (kernels/segments_space.py) with one program per (segment, value tile,
-    batch·head), ``PROGRAMS_PER_SM`` per multiprocessor, segments of at least ``MIN_SEGMENT`` rows.
-    Under the interpreter, ``INTERPRETER_SEGMENT`` rows."""
+    """Rows per segment for a launch of ``batch_heads`` sequences of ``n`` rows, widths ``r`` and
+    ``d``, ``itemsize``-byte inputs: the shared rule (kernels/segments_space.py) with one program per
+    (segment, value tile, batch·head), :func:`programs_per_sm` of the walk ``config`` per
+    multiprocessor, segments of at least ``MIN_SEGMENT`` rows.  Under the interpreter,
+    ``INTERPRETER_SEGMENT`` rows."""
     if family.name == "cpu":
         return min(n, INTERPRETER_SEGMENT)
     bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
-    return shared_segment_length(n, batch_heads * cdiv(d, bv), family, programs_per_sm=PROGRAMS_PER_SM,
+    return shared_segment_length(n, batch_heads * cdiv(d, bv), family,
+                                 programs_per_sm=programs_per_sm(config, r, itemsize, family),
                                  min_segment=MIN_SEGMENT, align=SEGMENT_ALIGN)
 
 
@@ -80,5 +118,19 @@ def schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> dict:
     """block_based's launch parameters: ``seg_len`` (rows per segment; n: one segment, the plain
     walk) and ``prefix`` (whether the walk sums its start states itself, with no scan kernel)."""
     B, H, n, r, d = p.shape
-    seg_len = segment_length(B * H, n, d, family, (configs or {}).get(FWD.name))
+    seg_len = segment_length(B * H, n, r, d, p.v.element_size(), family, (configs or {}).get(FWD.name))
     return dict(seg_len=seg_len, prefix=seg_len < n and walk_sums_prefix(cdiv(n, seg_len), family))
+
+
+def alternatives(p: Problem, family: Family) -> list[dict]:
+    """The walk configs the tuner times pinned, with their own segments (``Method.alternatives``):
+    those that fit ``p``, run fewer than ``PROGRAMS_PER_SM`` programs per multiprocessor, and whose
+    segments differ from the ones the autotuner times every config under."""
+    B, H, n, r, d = p.shape
+    itemsize = p.v.element_size()
+    if segment_length(B * H, n, r, d, itemsize, family) >= n:
+        return []
+    args = {**problem_args(p), "SEGMENTED": True}
+    return [{FWD.name: cfg} for cfg in FWD.usable(family, args)
+            if programs_per_sm(cfg, r, itemsize, family) < PROGRAMS_PER_SM
+            and segment_length(B * H, n, r, d, itemsize, family, cfg) != segment_length(B * H, n, r, d, itemsize, family)]

@@ -74,30 +74,36 @@ def _git_sha() -> str:
 
 
 def _time_method(method, b, c, v, gamma, retune: bool):
-    """(median ms, {kernel space: config}) of one method, each kernel autotuned for this shape."""
+    """(median ms, {kernel space: config}) of one method, each kernel autotuned for this shape; then of
+    each of the method's alternatives (``Method.alternatives``: configs pinned with their own schedule,
+    the method's other kernels autotuned afresh under it), keeping the fastest."""
+    p, _ = make_problem(b, c, v, gamma)
+    ms, config = _tuned(p, method, {}, clear=retune)
+    for alternative in registry.builtin(method).alternatives(p, current_family(p.v.device)):
+        # the other kernels' choices depend on the schedule (a segment-state kernel on the segment count)
+        alt_ms, alt_config = _tuned(p, method, alternative, clear=True)
+        if alt_ms < ms:
+            ms, config = alt_ms, alt_config
+    return ms, config
+
+
+def _tuned(p, method: str, pinned: dict, clear: bool):
+    """(median ms, configs) of ``method`` on ``p`` with the ``pinned`` configs and every other kernel
+    autotuned (afresh with ``clear``), timed exactly as ``auto`` will launch them: all configs pinned."""
     from triton.testing import do_bench
 
-    if retune:
+    if clear:
         for kernel in KERNELS.values():
             kernel.cache.clear()
-    p, _ = make_problem(b, c, v, gamma)
     with recording() as log:
-        run_problem(p, method)          # tunes (first meeting of this key) and compiles
+        run_problem(p, method, pinned or None)   # tunes (first meeting of this key) and compiles
     torch.cuda.synchronize()
-    config = {}
+    config = dict(pinned)
     for kernel, _args in log:
         chosen = chosen_config(kernel)
-        if chosen is not None:
+        if chosen is not None and kernel.space.name not in pinned:
             config[kernel.space.name] = chosen
-    # time the chosen configs exactly as `auto` will launch them
     ms = do_bench(lambda: run_problem(p, method, config), warmup=10, rep=40, return_mode="median")
-    # and the configs the autotuner could not time under their own schedule (their segments)
-    for alternative in registry.builtin(method).alternatives(p, current_family(p.v.device)):
-        pinned = {**config, **alternative}
-        run_problem(p, method, pinned)  # compiles
-        alt_ms = do_bench(lambda: run_problem(p, method, pinned), warmup=10, rep=40, return_mode="median")
-        if alt_ms < ms:
-            ms, config = alt_ms, pinned
     return ms, config
 
 

@@ -313,8 +313,8 @@ def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
 
 def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypatch):
     """After the autotuned choice, the tuner times each of the method's alternatives (configs the
-    autotuner could not time under their own schedule) pinned over the autotuned configs, and keeps
-    the fastest: the point records its time and its whole config."""
+    autotuner could not time under their own schedule): pinned, the method's other kernels autotuned
+    afresh under it (every autotuner's choice forgotten first), and keeps the fastest with its configs."""
     import dataclasses
     import triton.testing
     from leettriton import registry
@@ -325,30 +325,34 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
     alternatives = [{walk: slow}, {walk: fast}]
     monkeypatch.setattr(tune.registry, "builtin", lambda name: dataclasses.replace(
         method, alternatives=lambda p, family: alternatives))
-    ran = []
+    ran, forgotten = [], []
     real_run = tune.run_problem
 
     def run(p, name, config=None):
         ran.append(config)
-        return real_run(p, name) if config is None else None   # the autotuned call runs; pinned ones are timed
+        if config is None:   # the autotuned call runs (and tunes: the autotuners remember a choice)
+            real_run(p, name)
+            assert any(kernel.cache for kernel in KERNELS.values())
+        elif config in alternatives and config not in ran[:-1]:   # an alternative's first call: it tunes
+            forgotten.append(all(not kernel.cache for kernel in KERNELS.values()))
     monkeypatch.setattr(tune, "run_problem", run)
     times = {None: 2.0, "BT32": 3.0, "BT64": 1.5}
 
     def bench(fn, **kwargs):
         fn()
-        cfg = ran[-1].get(walk) if ran[-1] is not None else None
+        cfg = ran[-1].get(walk)
         return times[f"BT{cfg['BT']}" if cfg in (slow, fast) else None]
     monkeypatch.setattr(triton.testing, "do_bench", bench)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
 
     b, c, v, gamma, _ = Case(1, 1, 64, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
     ms, config = tune._time_method("block_based", b, c, v, gamma, retune=False)
-    assert ms == 1.5 and config[walk] == fast
-    # the autotuned call, its timing, then each alternative: compiled, then timed
-    assert ran[0] is None and [cfg[walk] for cfg in ran[2:]] == [slow, slow, fast, fast]
+    assert ms == 1.5 and config == {walk: fast}
+    # the autotuned call, its timing, then each alternative: tuned (after forgetting), then timed
+    assert ran[0] is None and ran[2:] == [{walk: slow}] * 2 + [{walk: fast}] * 2
+    assert forgotten == [True, True]
 
     times["BT64"] = 2.5   # no alternative beats the autotuned choice: it stays
     ran.clear()
-    ms, autotuned = tune._time_method("block_based", b, c, v, gamma, retune=False)
-    assert ms == 2.0 and autotuned.get(walk) not in (slow, fast)
-    assert config == {**autotuned, walk: fast}    # an alternative keeps the autotuned configs of the other kernels
+    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=False)
+    assert ms == 2.0 and config.get(walk) not in (slow, fast) and config == ran[1]

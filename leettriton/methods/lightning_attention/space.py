@@ -18,11 +18,11 @@ warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
   tiles (8 warps, two warpgroups; sm_90 only).  Tiles past 32 spill 100-500 B there, and still run
   faster: at r = 256, d = 512 (8 heads, float16) the 64-wide tiles took 0.289 ms at 1 × 8192 and 1.57 ms
   at 8 × 8192, the 32-wide ones 0.448 and 3.19 ms (perf/results/h100/walk_r256.log);
-* 64-row chunks with 2 stages, or 3 at r ≤ 128 (16-bit): 3 hold 120 KB of
-  tiles at r = d = 128, one program per multiprocessor instead of two, which
+* 64-row chunks with 2 stages, or 3 or 4 at r ≤ 128 (16-bit): 3 hold 120 KB
+  of tiles at r = d = 128, one program per multiprocessor instead of two, which
   pays where the sequence is cut into segments sized for one program per SM
-  (block_based at 1 × 32 heads × 32 768, float16: 0.533 ms against 0.598 with
-  the tuned 32-row chunks, two per SM; perf/results/h100/walk_segments.log);
+  (block_based at 1 × 32 heads × 32 768, float16: 0.533 ms against 0.590 with
+  the tuned 32-row chunks, two per SM; perf/results/h100/walk_occupancy.log);
 * 32-row chunks with 3 or 4 stages at r ≤ 128 (16-bit): 2 stages were never
   the tuner's choice there;
 * chunks of at least 32 rows and 4 warps: Triton gives chained tile products
@@ -78,7 +78,7 @@ def walk_fits(cfg, args) -> bool:
         return bt == 16 and bv == 16 and bk == max(32, rp // 4)
     if bt < 32 or (bk == 32 and rp > 32):
         return False
-    if bt == 64 and cfg["num_stages"] > (3 if kind == "16bit" and rp <= 128 else 2):
+    if bt == 64 and cfg["num_stages"] > (4 if kind == "16bit" and rp <= 128 else 2):
         return False
     if kind == "16bit" and rp <= 128 and bt == 32 and cfg["num_stages"] == 2:
         return False

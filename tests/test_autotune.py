@@ -119,9 +119,14 @@ def test_block_based_segments_follow_the_walk_config_s_occupancy():
     assert bb.segment_length(32, 32768, 128, 128, 2, h100, one) == 16384
 
     v = torch.empty(1, dtype=torch.float16)
-    seg = {"R": 128, "D": 128, "v_ptr": v, "DOT_PRECISION": "ieee", "SEGMENTED": True}
+    ws = torch.empty(1, 32, 4, 1, 1)   # the walk's workspace, (B, H, NS, r, d): batch·heads 32
+    seg = {"R": 128, "D": 128, "N": 32768, "SEG": 8192, "v_ptr": v, "ws_ptr": ws, "DOT_PRECISION": "ieee",
+           "SEGMENTED": True}
     assert bb.FWD.trial(two, seg, h100) and not bb.FWD.trial(one, seg, h100)
     assert bb.FWD.trial(one, {**seg, "SEGMENTED": False}, h100)     # one segment: every config is timed
+    # 1 × 32 heads × 2048: two segments either way (of at least MIN_SEGMENT rows): both are timed
+    short = {**seg, "N": 2048, "SEG": 1024}
+    assert bb.segment_length(32, 2048, 128, 128, 2, h100) == 1024 and bb.FWD.trial(one, short, h100)
 
     b, c = (torch.empty(1, 2, 131072, 128, dtype=torch.float16) for _ in range(2))
     p, _ = make_problem(b, c, torch.empty(1, 2, 131072, 128, dtype=torch.float16), None)

@@ -22,10 +22,16 @@ from ..lightning_attention.space import walk_space
 
 
 def _trial(config: Mapping[str, int], args: Mapping[str, Any], family: Family) -> bool:
-    """The autotuner times a segmented walk under segments sized for ``PROGRAMS_PER_SM`` programs per
-    multiprocessor (it has no config yet): only the configs that run that many.  The others get
-    their own segments when pinned; the tuner times them so (:func:`alternatives`)."""
-    return not args.get("SEGMENTED") or programs_per_sm(config, args["R"], elem_bytes(args), family) == PROGRAMS_PER_SM
+    """The autotuner times a segmented walk under segments it cut without a config (for
+    ``PROGRAMS_PER_SM`` programs per multiprocessor): only the configs that would get the same
+    segments.  The others get their own segments when pinned; the tuner times them so
+    (:func:`alternatives`)."""
+    if not args.get("SEGMENTED"):
+        return True
+    ws = args["ws_ptr"]   # (B, H, NS, r, d): the segments' states
+    segments = segment_length(ws.shape[0] * ws.shape[1], args["N"], args["R"], args["D"], elem_bytes(args), family,
+                              config)
+    return segments == args["SEG"]
 
 
 FWD = dataclasses.replace(walk_space("block_based.fwd"), trial=_trial)

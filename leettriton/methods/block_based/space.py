@@ -78,10 +78,11 @@ def programs_per_sm(config: Optional[Mapping[str, int]], r: int, itemsize: int, 
 
     Registers: ``WALK_REGISTERS`` per thread, so 8 warps leave room for one program.  Shared memory:
     the pipelined tiles, ``num_stages`` copies of the BT-row tiles of b, c (r wide, or the width of
-    one piece of r: ``WALK_MAX_R``) and v, a lower
-    bound of what the compiler allocates (sm_90, float16, Triton 3.6: 120 KB of 120 KB at BT = 64,
-    3 stages, r = d = 128, BV = 64: one program per SM; 76 KB of 108 KB at BT = 32, 3 stages,
-    r = 256: two).
+    one piece of r: ``WALK_MAX_R``) and v, against the family's shared memory.  An estimate: on sm_90
+    in float16 (Triton 3.6) the compiler allocates 120 KB where it counts 120 KB (BT 64, 3 stages,
+    r = d = 128, BV 64: one program per SM), 76 KB where it counts 108 KB (BT 32, 3 stages, r = 256:
+    two), and 112 KB where it counts 144 KB (BT 32, 4 stages, r = 256: counted as one, though two
+    would fit).  Whatever it counts, the tuner times each config under the segments it gets here.
     """
     if not config:
         return PROGRAMS_PER_SM

@@ -38,7 +38,7 @@ warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
   whole operand rows per thread: no tile is spill-free there; the smallest
   tiles spill least (8-16 B at r = d = 128).
 
-Each family's list is the product of its axes; the rules leave at most 8
+Each family's list is the product of its axes; the rules leave at most 10
 for any launch.
 """
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""Instruction mix of the chunk walk's main loop, compiled for sm_90 without a GPU.
+
+    python perf/walk_sass.py --r 256 --d 512 --dtype float16 \\
+        --config '{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}'
+
+Compiles ``lightning_attention``'s walk (the body ``block_based`` shares) for the launch the CPU
+records at that r, d and dtype, with the config pinned, disassembles the cubin with the ``nvdisasm``
+of Triton's wheel, and counts the instructions of the kernel and of its largest loop (one chunk of
+BT rows, per thread): warpgroup MMAs (``HGMMA``), warp MMAs (``HMMA``), conversions (``F2FP``),
+float multiplies and maxima, shared-memory loads.  Static counts: a guide to where a chunk's issue
+slots go, not a timing.  Must run without ``TRITON_INTERPRET``.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import leettriton  # noqa: F401  (registers the kernels)
+from leettriton.autotune.compile import _signature
+from leettriton.autotune.families import FAMILIES
+from leettriton.autotune.record import record_launches
+
+
+def _opcode(text: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+
+
+def instruction_mix(sass: str) -> tuple[collections.Counter, collections.Counter]:
+    """(the kernel's opcode counts, those of its largest loop: a label and the farthest backward branch to it)."""
+    insts, labels, pending = [], {}, None
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.(L_x_\d+):", line)
+        if label:
+            pending = label.group(1)
+            continue
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            insts.append((addr, m.group(2)))
+            if pending:
+                labels[pending], pending = addr, None
+    loops = []
+    for addr, text in insts:
+        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", text)
+        if m and m.group(1) in labels and labels[m.group(1)] < addr:
+            loops.append((addr - labels[m.group(1)], labels[m.group(1)], addr))
+    whole = collections.Counter(_opcode(t) for _, t in insts)
+    loop = collections.Counter()
+    if loops:
+        _, start, end = max(loops)
+        loop = collections.Counter(_opcode(t) for a, t in insts if start <= a <= end)
+    return whole, loop
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--r", type=int, default=128)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--config", required=True, help="the walk config, JSON")
+    opts = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        ap.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
+    cfg = json.loads(opts.config)
+    calls = record_launches("lightning_attention", getattr(torch, opts.dtype), n=256, r=opts.r, d=opts.d,
+                            family=FAMILIES["h100"])
+    kernel, args = next((k, a) for k, a in calls if k.space.name == "lightning_attention.fwd")
+    meta = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+    sig, constexprs, attrs = _signature(kernel.fn, {**args, **meta})
+    compiled = triton.compile(ASTSource(fn=kernel.fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    whole, loop = instruction_mix(sass)
+    print(f"# triton {triton.__version__}, sm_90, {opts.dtype}, r = {opts.r}, d = {opts.d}, {json.dumps(cfg)}: "
+          f"shared {compiled.metadata.shared} B")
+    print(f"kernel: {sum(whole.values())} instructions")
+    print(f"loop (one chunk, per thread): {sum(loop.values())} instructions: "
+          + " ".join(f"{k} {v}" for k, v in loop.most_common(16)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -130,9 +130,14 @@ def test_block_based_segments_follow_the_walk_config_s_occupancy():
 
     b, c = (torch.empty(1, 2, 131072, 128, dtype=torch.float16) for _ in range(2))
     p, _ = make_problem(b, c, torch.empty(1, 2, 131072, 128, dtype=torch.float16), None)
-    alternatives = bb.alternatives(p, h100)
-    assert {"block_based.fwd": one} in alternatives and {"block_based.fwd": two} not in alternatives
-    assert all(bb.programs_per_sm(a["block_based.fwd"], 128, 2, h100) == 1 for a in alternatives)
+    alternatives = [a["block_based.fwd"] for a in bb.alternatives(p, h100)]
+    assert one in alternatives and two not in alternatives
+    assert dict(two, BV=32) in alternatives                          # 32-wide value tiles: other segments too
+    # the alternatives are exactly the usable configs the autotuner does not time under the reference segments
+    usable = bb.FWD.usable(h100, {"R": 128, "D": 128, "v_ptr": v, "DOT_PRECISION": "ieee"})
+    launch = {**seg, "N": 131072, "SEG": bb.segment_length(2, 131072, 128, 128, 2, h100),
+              "ws_ptr": torch.empty(1, 2, 1, 1, 1)}
+    assert sorted(map(str, alternatives)) == sorted(str(cfg) for cfg in usable if not bb.FWD.trial(cfg, launch, h100))
     short, _ = make_problem(b[:, :, :2048], c[:, :, :2048], b[:, :, :2048], None)
     assert bb.alternatives(short, h100) == []                          # one segment either way
 

@@ -66,7 +66,7 @@ class KernelSpace:
             launch could use, whatever its shape, from every family's list.
         trial: ``trial(config, args, family) -> bool``: whether the autotuner may time this
             usable config for this launch (default: every one).  A config the launch's other
-            parameters were not chosen for (segments sized for another occupancy) runs only
+            parameters were not chosen for (segments sized for another occupancy or tile width) runs only
             when pinned: from a heuristic file, or timed by the tuner with its own schedule
             (``Method.alternatives``).
     """

@@ -130,14 +130,14 @@ def schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> dict:
 
 
 def alternatives(p: Problem, family: Family) -> list[dict]:
-    """The walk configs the tuner times pinned, with their own segments (``Method.alternatives``):
-    those that fit ``p``, run fewer than ``PROGRAMS_PER_SM`` programs per multiprocessor, and whose
-    segments differ from the ones the autotuner times every config under."""
+    """The walk configs the tuner times pinned, with their own segments (``Method.alternatives``): the
+    complement of :func:`_trial`, every config that fits ``p`` and gets other segments than the ones
+    the autotuner times under (one program per SM, or another value-tile width than ``REFERENCE_BV``)."""
     B, H, n, r, d = p.shape
     itemsize = p.v.element_size()
-    if segment_length(B * H, n, r, d, itemsize, family) >= n:
+    reference = segment_length(B * H, n, r, d, itemsize, family)
+    if reference >= n:
         return []
     args = {**problem_args(p), "SEGMENTED": True}
     return [{FWD.name: cfg} for cfg in FWD.usable(family, args)
-            if programs_per_sm(cfg, r, itemsize, family) < PROGRAMS_PER_SM
-            and segment_length(B * H, n, r, d, itemsize, family, cfg) != segment_length(B * H, n, r, d, itemsize, family)]
+            if segment_length(B * H, n, r, d, itemsize, family, cfg) != reference]

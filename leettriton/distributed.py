@@ -37,7 +37,7 @@ from .autograd import add_state_term, initial_state_grad, log2_gamma, output_gra
 from .autotune.families import current_family, is_interpreting
 from .kernels import segments
 from .methods.block_based.kernels import walk_segments
-from .methods.block_based.space import segment_length
+from .methods.block_based.space import segmenting
 from .methods.lightning_attention.kernels import WALK_MAX_R
 from .plan import resolve, run_problem
 from .problem import DTYPES, LAYOUTS, Problem, check_state, make_problem, requires_grad
@@ -407,11 +407,11 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
         return state.copy_(p.initial_state) if p.initial_state is not None else state.zero_()
     q = replace(p, state=state)
     if registry.torch_method(name) is None and (p.v.device.type == "cuda" or is_interpreting()):
-        seg_len = segment_length(B * H, n, r, d, p.v.element_size(), current_family(p.v.device))
+        seg_len, split = segmenting(B * H, n, r, d, p.v.element_size(), current_family(p.v.device))
         if seg_len >= n:
             segments.final_state(q)
         else:
-            segments.segment_start_states(q, seg_len)
+            segments.segment_start_states(q, seg_len // split)
         return state
     # PyTorch: float32 products, decays exp2(λ · (n − 1 − t)) from λ in float64
     t = torch.arange(n, dtype=torch.float64, device=p.v.device)
@@ -446,13 +446,14 @@ def local_pass(p: Problem, name: str = "auto") -> tuple[torch.Tensor, Callable[[
     if segmented:
         plan = resolve(plain, name)
         seg_len = plan.schedule.get("seg_len", n) if plan.method == "block_based" else n
+        piece = seg_len // plan.schedule.get("split", 1) if plan.method == "block_based" else n
         segmented = seg_len < n
     if not segmented:
         return slice_state(p, name), lambda start: run_problem(replace(plain, initial_state=start), name)
     # the state kernel as slice_state runs it (its own tuning: here it is a pass of its own over every segment,
     # not the plan's first stage), the walk with the plan's configs
-    ws = segments.segment_local_states(replace(plain, initial_state=None), seg_len, None, last=True)
-    return (_sum_segments(ws, seg_len, n, p.gamma, p.initial_state),
+    ws = segments.segment_local_states(replace(plain, initial_state=None), piece, None, last=True)
+    return (_sum_segments(ws, piece, n, p.gamma, p.initial_state),
             lambda start: walk_segments(replace(plain, initial_state=start), plan, ws))
 
 

@@ -1,13 +1,14 @@
 """Time the chunk walk with pinned configs, inside or outside its family's config space.
 
     python perf/walk_configs.py --configs '[{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 4}]' \
-        --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192 [--heads 8 --r 256 --d 512]
+        --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192 [--heads 8 --r 256 --d 512] [--state-splits rule,1,4]
 
 For each config and each value of the segment rule's programs per SM (a cap: a config that leaves
 room for fewer gets fewer, methods/block_based/space.py), ``block_based`` runs at
 every shape (heads 32, r = d = 128 unless given, with decay unless ``--no-decay``, float16 by default) with its walk pinned to the
 config (the segment-state kernel autotuned, or pinned to the entry's ``"state"`` config, and then
-also timed alone); the output is compared with the float64 oracle (on
+also timed alone), the state pass in the pieces per segment of each ``--state-splits`` value (``rule``:
+``state_split``'s); the output is compared with the float64 oracle (on
 a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench``.
 Configs the family's pruning would reject are run as given (that is the point: to measure
 them).  Each config runs in its own process, so a faulting one cannot end the others.  The
@@ -34,6 +35,8 @@ from leettriton.kernels.segments import segment_local_states
 cfg, pps_list, shapes, dtype = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 use_decay, precision = sys.argv[5] == "decay", sys.argv[6]
 heads, r, d = json.loads(sys.argv[7])
+splits = json.loads(sys.argv[8])
+rule = bb.state_split
 configs._fits = lambda space, config, args: True   # run the config as given
 dt = getattr(torch, dtype)
 pps_list = cfg.pop("pps", pps_list)
@@ -45,9 +48,10 @@ for batch, n in shapes:
     gamma = 1 - torch.exp2(-5 - 3 * torch.arange(heads, device="cuda") / (heads - 1)) if use_decay else None
     check = bench.oracle(b, c, v, gamma)
     p, out = make_problem(b, c, v, gamma, precision=precision if dt == torch.float32 else None)
-    for pps in pps_list:
+    for pps, forced in [(x, y) for x in pps_list for y in splits]:
         bb.PROGRAMS_PER_SM = pps
-        seg = bb.segment_length(batch * heads, n, r, d, dt.itemsize, leettriton.autotune.current_family(), cfg)
+        bb.state_split = rule if forced == "rule" else (lambda *args, k=forced: k)
+        seg, split = bb.segmenting(batch * heads, n, r, d, dt.itemsize, leettriton.autotune.current_family(), cfg)
         pinned = {"block_based.fwd": cfg, **({"segments.state": state_cfg} if state_cfg else {})}
         call = lambda: run_problem(p, "block_based", pinned)
         out.fill_(float("nan"))
@@ -56,12 +60,13 @@ for batch, n in shapes:
             err = check.error(out)
             ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
             res = dict(ms=ms, err=err)
-            if seg < n:   # the segment-state pass alone (every segment but the last)
-                states = lambda: segment_local_states(p, seg, pinned, last=False)
+            if seg < n:   # the segment-state pass alone (every segment but the last, in its pieces)
+                count = (-(-n // seg) - 1) * split
+                states = lambda: segment_local_states(p, seg // split, pinned, count=count)
                 res["state_ms"] = triton.testing.do_bench(states, warmup=25, rep=100, return_mode="median")
         except Exception as e:
             res = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-        print("RESULT " + json.dumps(dict(pps=pps, batch=batch, n=n, seg=seg, **res)), flush=True)
+        print("RESULT " + json.dumps(dict(pps=pps, batch=batch, n=n, seg=seg, split=split, **res)), flush=True)
     del b, c, v, p, out, check
 """
 
@@ -79,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--r", type=int, default=128)
     ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--state-splits", default="rule", help="comma-separated pieces per segment of the state pass "
+                    "(rule: the rule's)")
     opts = ap.parse_args(argv)
 
     import torch
@@ -91,7 +98,8 @@ def main(argv=None) -> int:
     pps = [int(x) for x in opts.programs_per_sm.split(",")]
     for cfg in json.loads(opts.configs):
         cmd = [sys.executable, "-c", CHILD, json.dumps(cfg), json.dumps(pps), json.dumps(shapes), opts.dtype,
-               "none" if opts.no_decay else "decay", opts.precision, json.dumps([opts.heads, opts.r, opts.d])]
+               "none" if opts.no_decay else "decay", opts.precision, json.dumps([opts.heads, opts.r, opts.d]),
+               json.dumps([x if x == "rule" else int(x) for x in opts.state_splits.split(",")])]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=dict(os.environ))
             lines = [json.loads(x[7:]) for x in res.stdout.splitlines() if x.startswith("RESULT ")]
@@ -101,7 +109,8 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             lines = [dict(error="timeout")]
         for x in lines:
-            where = f"pps {x['pps']} {x['batch']:>2} x {x['n']:<6} seg {x['seg']:<6}" if "pps" in x else ""
+            where = (f"pps {x['pps']} {x['batch']:>2} x {x['n']:<6} seg {x['seg']:<6} split {x['split']:<2}"
+                     if "pps" in x else "")
             what = f"{x['ms']:8.3f} ms  err {x['err']:.1e}" if "ms" in x else x["error"]
             if "state_ms" in x:
                 what += f"  (segment states {x['state_ms']:.3f} ms)"

@@ -118,6 +118,19 @@ def test_block_based_segments_follow_the_walk_config_s_occupancy():
     assert bb.segment_length(32, 32768, 128, 128, 2, h100, two) == bb.segment_length(32, 32768, 128, 128, 2, h100) == 8192
     assert bb.segment_length(32, 32768, 128, 128, 2, h100, one) == 16384
 
+    # the state pass: one segment but the last at one program per SM gives 32 heads × 2 tiles (of 128 × 64)
+    # = 64 programs, cut into 8 pieces for 2 per SM; three at two per SM, 192 programs, into 2
+    assert bb.segmenting(32, 32768, 128, 128, 2, h100, one) == (16384, 8)
+    assert bb.segmenting(32, 32768, 128, 128, 2, h100, two) == (8192, 2)
+    # pieces of at least MIN_STATE_PIECE rows (none at 4 segments of 1024); segments rounded up to whole
+    # pieces of SEGMENT_ALIGN rows (50 000 to 50 176 = 8 × 49 × 128)
+    assert bb.segmenting(32, 4096, 128, 128, 2, h100, two) == (1024, 1)
+    assert bb.segmenting(32, 100000, 128, 128, 2, h100, one) == (50176, 8)
+    # RetNet-1.3B at 1 × 8192 (8 heads, r = 256, d = 512): 3 × 8 × 2 × 8 = 384 state programs, no pieces
+    assert bb.segmenting(8, 8192, 256, 512, 2, h100) == (2048, 1)
+    assert bb.schedule(make_problem(*(torch.empty(1, 32, 32768, 128, dtype=torch.float16) for _ in range(3)))[0],
+                       h100, {bb.FWD.name: one}) == dict(seg_len=16384, split=8, prefix=False)
+
     v = torch.empty(1, dtype=torch.float16)
     ws = torch.empty(1, 32, 4, 1, 1)   # the walk's workspace, (B, H, NS, r, d): batch·heads 32
     seg = {"R": 128, "D": 128, "N": 32768, "SEG": 8192, "v_ptr": v, "ws_ptr": ws, "DOT_PRECISION": "ieee",

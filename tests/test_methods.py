@@ -179,6 +179,32 @@ def test_fleet_attention_is_bitwise_deterministic():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("seg_len,split,prefix", [(40, 1, True), (40, 1, False), (40, 2, False), (48, 4, False)])
+def test_block_based_schedules(dtype, seg_len, split, prefix):
+    """block_based under each schedule its rule can give: the walk summing its start states itself, or the
+    scan over whole segments, or over pieces of segments (the state pass cut finer than the walk: 2 or 4
+    pieces per segment, the walk reading every 2nd or 4th start state); 150 rows end in a short segment,
+    and a short last piece.  With and without an initial and a final state (without one, the state pass
+    skips the last segment's pieces)."""
+    from leettriton.methods.block_based.kernels import block_based_fwd
+    from leettriton.methods.spec import Plan
+    from leettriton.problem import make_problem
+
+    plan = Plan("block_based", block_based_fwd, schedule=dict(seg_len=seg_len, split=split, prefix=prefix))
+    for initial, return_state in [(True, True), (False, False)]:
+        case = Case(2, 2, 150, 20, 36, dtype=dtype, gamma="tensor", gammas=(0.98, 0.9), initial=initial,
+                    return_state=return_state, seed=seg_len + split)
+        b, c, v, gamma, s0 = case.tensors(DEVICE)
+        p, out = make_problem(b, c, v, gamma, initial_state=s0, return_state=return_state)
+        block_based_fwd(p, plan)
+        ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
+        what = f"block_based seg {seg_len} split {split} prefix {prefix} [{case.id}]"
+        assert_close(out, ref, tolerance(dtype), what + " output")
+        if return_state:
+            assert_close(p.state, ref_state, tolerance(dtype), what + " final state")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 def test_fleet_attention_segments_with_sliced_carries(dtype):
     """Several segments, an initial and a final state, r wider than one BK slice of the carry
     update and d wider than one value tile (both cut short): agreement with the oracle."""

@@ -90,13 +90,14 @@ def _segment_state_kernel(
 
 # the scan rewrites the workspace in place: the autotuner must restore it between its trial runs
 @autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE"], restore_value=["ws_ptr"])
-@triton.jit(do_not_specialize=["N", "SEG", "NS"])
+@triton.jit(do_not_specialize=["N", "SEG", "NS", "NW"])
 def _segment_scan_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS,
+    ws_ptr, SEG, NS, NW,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
+    # the first NS of the NW entries per batch·head (NS = NW when the final state is wanted)
     i_bh = tl.program_id(0)
     i_k = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -105,7 +106,7 @@ def _segment_scan_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k[:, None] < R) & (o_v[None, :] < D)
-    p_ws = ws_ptr + i_bh.to(tl.int64) * NS * R * D + o_k[:, None] * D + o_v[None, :]
+    p_ws = ws_ptr + i_bh.to(tl.int64) * NW * R * D + o_k[:, None] * D + o_v[None, :]
 
     if HAS_INITIAL:
         p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
@@ -138,15 +139,17 @@ def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
 
 
 def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None, *,
-                         last: bool = True) -> torch.Tensor:
+                         last: bool = True, count: Optional[int] = None) -> torch.Tensor:
     """Local end state (from a zero start) of every segment of ``seg_len`` rows.
 
     Returns a float32 tensor of shape ``(B, H, NS, r, d)`` (contiguous), NS = ceil(n / seg_len).
-    With ``last=False`` the last segment's entry is left unwritten (and its rows are not read).
+    With ``last=False`` the last segment's entry is left unwritten (and its rows are not read); with
+    ``count``, every entry from ``count`` on (a caller that cut the last of its own, longer segments
+    into several of these needs none of them).
     """
     B, H, n, r, d = p.shape
     ns = cdiv(n, seg_len)
-    nl = ns if last else ns - 1
+    nl = count if count is not None else ns if last else ns - 1
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
     if nl > 0:
         grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
@@ -167,11 +170,18 @@ def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     return ws
 
 
-def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Optional[Mapping] = None) -> None:
+def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Optional[Mapping] = None, *,
+                        count: Optional[int] = None) -> None:
     """Turn the segments' local states in ``ws`` (from :func:`segment_local_states` with the same
     ``seg_len``; the last entry is read only when ``p.state`` is wanted) into their start states, in
-    place, from ``p.initial_state`` (or zero), and write the final state into ``p.state`` when asked."""
+    place, from ``p.initial_state`` (or zero), and write the final state into ``p.state`` when asked.
+
+    With ``count`` only the first ``count`` entries: the start states of segments 0 … count − 1, from
+    the local states of the first count − 1 (every entry is needed for the final state)."""
     B, H, n, r, d = p.shape
+    count = ws.shape[2] if count is None else count
+    if p.state is not None and count != ws.shape[2]:
+        raise ValueError("the final state needs the scan of every segment")
     scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_segment_scan_kernel, scan_grid, (config or {}).get(spaces.SCAN.name), **problem_args(p), ws_ptr=ws,
-           SEG=seg_len, NS=ws.shape[2])
+           SEG=seg_len, NS=count, NW=ws.shape[2])

@@ -18,9 +18,13 @@ With many segments (a few batch·heads and a very long sequence: see
 the local states quadratically often; a short scan kernel then turns them into
 start states first (``segment_start_states``).  Folding the scan into the walk
 saves a launch, which counts where a call takes a fraction of a millisecond.
+Where the segments are few and long (batch 1: two segments of 16 384 rows at 32
+heads), the state pass alone would run too few programs for the GPU; it then cuts
+each segment into ``split`` pieces (``state_split`` in space.py), and the scan
+joins the pieces' states (the walk reads every ``split``-th).
 
 Memory traffic: b once, c and v twice (the state pass reads all segments but the last), o once,
-plus the float32 workspace of NS · r · d per batch·head.  When one segment
+plus the float32 workspace of NS · split · r · d per batch·head.  When one segment
 suffices (many batch·heads, or a short sequence) it is the lightning walk alone.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ..spec import Plan
 from . import space as spaces
 from ...kernels.segments import scan_segment_states, segment_local_states
 from ...kernels.pieces import in_r_pieces
+from ...autotune.sizing import cdiv
 from ..lightning_attention.kernels import WALK_MAX_R, chunk_walk_kernel, launch_chunk_walk
 
 _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
@@ -46,27 +51,36 @@ def block_based_fwd(p: Problem, plan: Plan) -> None:
 
 def _block_based_fwd(p: Problem, plan: Plan) -> None:
     n = p.shape[2]
-    seg_len = plan.schedule["seg_len"]
+    seg_len, split = plan.schedule["seg_len"], plan.schedule.get("split", 1)
     if seg_len >= n:
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, plan.configs)
         return
-    # with the prefix sums the walk never reads the last segment's local state; the scan reads it only
-    # for the final state
-    last = not plan.schedule["prefix"] and p.state is not None
-    walk_segments(p, plan, segment_local_states(p, seg_len, plan.configs, last=last))
+    if plan.schedule["prefix"]:
+        # with the prefix sums the walk never reads the last segment's local state
+        ws = segment_local_states(p, seg_len, plan.configs, last=False)
+    else:
+        # the state pass in pieces of seg_len / split rows; without a final state, none of the last
+        # segment's pieces (the scan then reads every piece's state but theirs)
+        count = None if p.state is not None else (cdiv(n, seg_len) - 1) * split
+        ws = segment_local_states(p, seg_len // split, plan.configs, count=count)
+    walk_segments(p, plan, ws)
 
 
 def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor) -> None:
-    """The segment-parallel walk of ``p`` (r ≤ ``WALK_MAX_R``, a plan with ``seg_len < n``) from its
-    segments' local states ``ws`` (``segment_local_states`` of ``p``'s rows from a zero start, with the
-    plan's ``seg_len``): the start states from ``p.initial_state`` and ``ws`` (summed by each walk
-    program, or by the scan kernel, which rewrites ``ws`` in place: a workspace walks once), then the
-    walk.  Split from the local states so that a caller that needs them anyway (the sequence-parallel
-    state pass, leettriton/distributed.py) computes them once."""
-    seg_len, config = plan.schedule["seg_len"], plan.configs
+    """The segment-parallel walk of ``p`` (r ≤ ``WALK_MAX_R``, a plan with ``seg_len < n``) from the
+    local states ``ws`` (``segment_local_states`` of ``p``'s rows from a zero start, in the plan's
+    pieces of ``seg_len / split`` rows; without ``p.state``, those of the last segment's pieces may be
+    missing): the start states from ``p.initial_state`` and ``ws`` (summed by each walk program, or by
+    the scan kernel, which rewrites ``ws`` in place: a workspace walks once), then the walk.  Split
+    from the local states so that a caller that needs them anyway (the sequence-parallel state pass,
+    leettriton/distributed.py) computes them once."""
+    n = p.shape[2]
+    seg_len, split, config = plan.schedule["seg_len"], plan.schedule.get("split", 1), plan.configs
     if plan.schedule["prefix"]:
         # few segments: the walk sums each start state from the local states itself (no scan launch)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True)
     else:
-        scan_segment_states(p, ws, seg_len, config)
-        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len)
+        # the start state of every piece up to the last segment's first (all of them for the final state)
+        count = None if p.state is not None else (cdiv(n, seg_len) - 1) * split + 1
+        scan_segment_states(p, ws, seg_len // split, config, count=count)
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, sub=split)

@@ -94,16 +94,67 @@ def programs_per_sm(config: Optional[Mapping[str, int]], r: int, itemsize: int, 
 def segment_length(batch_heads: int, n: int, r: int, d: int, itemsize: int, family: Family,
                    config: Optional[Mapping[str, int]] = None) -> int:
     """Rows per segment for a launch of ``batch_heads`` sequences of ``n`` rows, widths ``r`` and
-    ``d``, ``itemsize``-byte inputs: the shared rule (kernels/segments_space.py) with one program per
-    (segment, value tile, batch·head), :func:`programs_per_sm` of the walk ``config`` per
-    multiprocessor, segments of at least ``MIN_SEGMENT`` rows.  Under the interpreter,
-    ``INTERPRETER_SEGMENT`` rows."""
+    ``d``, ``itemsize``-byte inputs: the first of :func:`segmenting`."""
+    return segmenting(batch_heads, n, r, d, itemsize, family, config)[0]
+
+
+def segmenting(batch_heads: int, n: int, r: int, d: int, itemsize: int, family: Family,
+               config: Optional[Mapping[str, int]] = None) -> tuple[int, int]:
+    """(rows per segment, pieces per segment of the state pass) for a launch of ``batch_heads``
+    sequences of ``n`` rows, widths ``r`` and ``d``, ``itemsize``-byte inputs.
+
+    Segments: the shared rule (kernels/segments_space.py) with one program per (segment, value tile,
+    batch·head), :func:`programs_per_sm` of the walk ``config`` per multiprocessor, segments of at
+    least ``MIN_SEGMENT`` rows; under the interpreter, ``INTERPRETER_SEGMENT`` rows.  Pieces:
+    :func:`state_split`; the segment length is then rounded up to a multiple of the pieces' alignment,
+    so that every piece but the sequence's last is as long."""
     if family.name == "cpu":
-        return min(n, INTERPRETER_SEGMENT)
+        seg_len = min(n, INTERPRETER_SEGMENT)
+        return seg_len, state_split(batch_heads, n, r, d, seg_len, family)
     bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
-    return shared_segment_length(n, batch_heads * cdiv(d, bv), family,
-                                 programs_per_sm=programs_per_sm(config, r, itemsize, family),
-                                 min_segment=MIN_SEGMENT, align=SEGMENT_ALIGN)
+    seg_len = shared_segment_length(n, batch_heads * cdiv(d, bv), family,
+                                    programs_per_sm=programs_per_sm(config, r, itemsize, family),
+                                    min_segment=MIN_SEGMENT, align=SEGMENT_ALIGN)
+    split = state_split(batch_heads, n, r, d, seg_len, family)
+    if split > 1:
+        seg_len = cdiv(cdiv(n, cdiv(n, seg_len)), SEGMENT_ALIGN * split) * SEGMENT_ALIGN * split
+    return (seg_len, split) if seg_len < n else (n, 1)
+
+
+STATE_PROGRAMS_PER_SM = 2
+"""Segment-state programs to aim for per multiprocessor.  The state pass runs one program per
+(segment but the last, r tile, d tile, batch·head), each summing its segment's rows in order: at
+batch 1 with two segments (1 × 32 heads × 32 768, r = d = 128, tiles of 128 × 64) that is 64 programs
+for 132 multiprocessors, each reading 16 384 rows.  Cutting each segment into pieces for the state
+pass gives it more programs and shorter loops; the scan kernel then joins the pieces' states."""
+
+STATE_TILE = (128, 64)
+"""The (r, d) state tile the piece count assumes (the segment-state kernel's is autotuned later)."""
+
+MIN_STATE_PIECE = 1024
+"""Fewest rows per piece of the state pass."""
+
+MAX_STATE_SPLIT = 16
+"""Most pieces per segment (a power of two)."""
+
+
+def state_split(batch_heads: int, n: int, r: int, d: int, seg_len: int, family: Family) -> int:
+    """Pieces per segment for the state pass of a walk over segments of ``seg_len`` rows: the fewest
+    (a power of two) that give the pass ``STATE_PROGRAMS_PER_SM`` programs per multiprocessor, with
+    pieces of at least ``MIN_STATE_PIECE`` rows; 1 for one segment.  Under the interpreter: 2 where
+    the walk would otherwise sum its start states itself (more segments than
+    ``INTERPRETER_PREFIX_SEGMENTS``), so that the CPU suite runs both."""
+    segments = cdiv(n, seg_len)
+    if segments <= 1:
+        return 1
+    if family.name == "cpu":
+        return 1 if walk_sums_prefix(segments, family) else 2
+    programs = (segments - 1) * batch_heads * cdiv(r, STATE_TILE[0]) * cdiv(d, STATE_TILE[1])
+    split = 1
+    while (split < MAX_STATE_SPLIT and programs * split < STATE_PROGRAMS_PER_SM * family.num_sms
+           and seg_len // (2 * split) >= MIN_STATE_PIECE):
+        split *= 2
+    return split
 
 
 PREFIX_SEGMENTS = 8
@@ -123,10 +174,12 @@ def walk_sums_prefix(segments: int, family: Family) -> bool:
 
 def schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> dict:
     """block_based's launch parameters: ``seg_len`` (rows per segment; n: one segment, the plain
-    walk) and ``prefix`` (whether the walk sums its start states itself, with no scan kernel)."""
+    walk), ``split`` (pieces per segment of the state pass, :func:`state_split`) and ``prefix``
+    (whether the walk sums its start states itself, with no scan kernel: whole segments only)."""
     B, H, n, r, d = p.shape
-    seg_len = segment_length(B * H, n, r, d, p.v.element_size(), family, (configs or {}).get(FWD.name))
-    return dict(seg_len=seg_len, prefix=seg_len < n and walk_sums_prefix(cdiv(n, seg_len), family))
+    seg_len, split = segmenting(B * H, n, r, d, p.v.element_size(), family, (configs or {}).get(FWD.name))
+    return dict(seg_len=seg_len, split=split,
+                prefix=seg_len < n and split == 1 and walk_sums_prefix(cdiv(n, seg_len), family))
 
 
 def alternatives(p: Problem, family: Family) -> list[dict]:

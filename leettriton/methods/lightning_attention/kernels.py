@@ -179,7 +179,7 @@ def _add_update(s, g_chunk, b_vd, b_vdt, c, PRECISION: tl.constexpr, TWO_PART: t
 def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, cu_ptr, slot_ptr, init_ptr, NSLOTS,
+    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
     TWO_PART: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -226,11 +226,13 @@ def _chunk_walk_fwd_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
 
     # the state before the segment's first row.  SEGMENTED: the segments' start states are in the
-    # workspace (the launcher sets HAS_INITIAL for them); PREFIX: their local states are, and the start
-    # state is γ^(i_s·SEG) S₀ + Σ_{j < i_s} γ^((i_s−1−j)·SEG) S_loc[j], summed here; otherwise the
-    # initial state, or zero
+    # workspace (the launcher sets HAS_INITIAL for them), NW entries per batch·head, one per SEG / SUB
+    # rows (the state pass cut each segment into SUB pieces), segment i_s's at entry i_s·SUB; PREFIX
+    # (SUB = 1): their local states are, and the start state is
+    # γ^(i_s·SEG) S₀ + Σ_{j < i_s} γ^((i_s−1−j)·SEG) S_loc[j], summed here; otherwise the initial state,
+    # or zero
     if SEGMENTED and not PREFIX:
-        p_s = ws_ptr + i_bhs.to(tl.int64) * R * D
+        p_s = ws_ptr + (i_bh * NW + i_s * SUB).to(tl.int64) * R * D
         stride_sk = D
         stride_sd = 1
     else:
@@ -251,7 +253,7 @@ def _chunk_walk_fwd_kernel(
         if NK >= 4:
             s2 = s2 * g_s
             s3 = s3 * g_s
-        p_ws = ws_ptr + (i_bh * NS).to(tl.int64) * R * D
+        p_ws = ws_ptr + (i_bh * NW).to(tl.int64) * R * D
         for j in range(0, i_s):
             g_j = decay(lam, (i_s - 1 - j).to(tl.int64) * SEG, HAS_DECAY)
             s0 += g_j * _start_state(p_ws, D, 1, o_k, o_v, R, D, True, BK, BV)
@@ -350,7 +352,7 @@ def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_opti
     restores it between trials).
     """
     kernel = autotune(space, key=KEY, **autotune_options)(
-        triton.jit(do_not_specialize=["N", "SEG", "NS", "NSLOTS"])(_chunk_walk_fwd_kernel))
+        triton.jit(do_not_specialize=["N", "SEG", "NS", "NW", "SUB", "NSLOTS"])(_chunk_walk_fwd_kernel))
     if compiled:
         kernel.launches = CompiledLaunches(kernel, WALK_POINTERS)
     return kernel
@@ -377,15 +379,18 @@ _varlen_walk_kernel = chunk_walk_kernel(spaces.VARLEN, compiled=False, restore_v
 
 
 def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[Mapping], *, ws=None,
-                      seg_len: Optional[int] = None, prefix: bool = False) -> None:
+                      seg_len: Optional[int] = None, prefix: bool = False, sub: int = 1) -> None:
     """Walk the chunks of ``p`` with ``kernel``: the whole sequence, or segments of ``seg_len`` rows.
 
-    ``ws`` (``(B, H, NS, r, d)`` float32) holds the segments' start states (from
-    ``segment_start_states``), or with ``prefix`` their local states (from ``segment_local_states``;
-    the last segment's entry is not read): each program then sums its own start state and the
-    last segment's programs write the final state.
+    ``ws`` (``(B, H, NW, r, d)`` float32) holds the start states of pieces of ``seg_len / sub`` rows
+    (from ``segment_start_states`` or the scan), segment s's at entry s·``sub``; or with ``prefix``
+    (``sub`` = 1) the segments' local states (from ``segment_local_states``; the last segment's entry
+    is not read): each program then sums its own start state and the last segment's programs write
+    the final state.
     """
-    memo, mark = p.memo, (kernel, seg_len, prefix, ws is None, p.b.shape[-1])
+    if prefix and sub != 1:
+        raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
+    memo, mark = p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1])
     if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
         # a call of a signature walked before: every argument but the tensors is what it was then (the
         # memo's signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds:
@@ -410,8 +415,8 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             # the initial state there, and wrote the final state)
             args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
-    args.update(ws_ptr=ws, SEG=seg_len, NS=ns, cu_ptr=ws, slot_ptr=ws, init_ptr=ws, NSLOTS=0, SEGMENTED=segmented,
-                PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r), TWO_PART=two_part(p))
+    args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
+                init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r), TWO_PART=two_part(p))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
@@ -445,8 +450,8 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping]) -> None:
     grid = lambda meta: (cdiv(d, meta["BV"]) * seqs * H,)  # noqa: E731
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call
-    launch(_varlen_walk_kernel, grid, (config or {}).get(spaces.VARLEN.name), **args, ws_ptr=p.out, SEG=n, NS=seqs,
-           cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
+    launch(_varlen_walk_kernel, grid, (config or {}).get(spaces.VARLEN.name), **args, ws_ptr=p.out, SEG=n, NS=seqs, NW=1,
+           SUB=1, cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
            init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
            SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
            TWO_PART=False)

@@ -120,9 +120,11 @@ def checked_attention(b, c, v, gamma, what, tol=1e-5, **kw):
         assert_close(out, ref, tol, f"{what}: output")
 
 
-@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
-def test_linear_attention_repeats_only_what_the_signature_fixes(method):
-    n = 40
+@pytest.mark.parametrize("method,n", [("lightning_attention", 40), ("block_based", 40), ("block_based", 150)],
+                         ids=["lightning_attention", "block_based", "block_based-segments"])
+def test_linear_attention_repeats_only_what_the_signature_fixes(method, n):
+    """Repeated calls of a signature (the walk, and at 150 rows the segment-state, scan and segmented walk
+    launches repeated as first made) give the oracle's answer for new data, strides, γ and states."""
     gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
     b, c, v = rand(B, H, n, R, seed=1), rand(B, H, n, R, seed=2), rand(B, H, n, D, seed=3)
     checked_attention(b, c, v, gamma, "first call", method=method)
@@ -157,8 +159,10 @@ def test_every_kernel_argument_is_keyed_or_handed_over():
     no argument of the kernel is left out (a left-out one would be launched stale)."""
     from leettriton.methods.block_based import kernels as block_based
 
+    from leettriton.kernels import segments
+
     for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, walk._lightning_attention_fwd_kernel.launches,
-                     block_based._block_based_fwd_kernel.launches):
+                     block_based._block_based_fwd_kernel.launches, segments._STATE_LAUNCHES, segments._SCAN_LAUNCHES):
         meta = {k for k in launches.kernel.space.cpu if k not in ("num_warps", "num_stages")}
         assert set(launches.by_value) | set(launches.pointers) | meta == set(launches.arg_names)
         assert not set(launches.by_value) & set(launches.pointers)

@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from ..problem import Problem
-from ..autotune import autotune, launch
+from ..autotune import autotune
+from ..autotune.configs import CompiledLaunches
 from . import segments_space as spaces
 from ..autotune.sizing import cdiv
 from .abi import (batch_head, decay, head_log2_gamma, head_ptr, load_tile, low_part, mma, problem_args, round_to,
@@ -130,12 +131,20 @@ def _segment_scan_kernel(
         store_tile(p_st, b_s, o_k, o_v, st_strides[2], st_strides[3], R, D)
 
 
+_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr")
+# both kernels launch through their compiled launches (docs/design.md §4.5): a launch seen before (sizes,
+# strides, segments, flags, config; the batch size, which the grids read) goes straight to the compiled kernel
+_STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _POINTERS)
+_SCAN_LAUNCHES = CompiledLaunches(_segment_scan_kernel, _POINTERS)
+
+
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
     B, H, n, r, d = p.shape
     grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-    launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
-           ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True, TWO_PART=two_part(p))
+    _STATE_LAUNCHES.launch_args(grid, (config or {}).get(spaces.STATE.name),
+                                dict(problem_args(p), ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True,
+                                     TWO_PART=two_part(p)), B)
 
 
 def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None, *,
@@ -153,8 +162,9 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
     if nl > 0:
         grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-        launch(_segment_state_kernel, grid, (config or {}).get(spaces.STATE.name), **problem_args(p),
-               ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False, TWO_PART=two_part(p))
+        _STATE_LAUNCHES.launch_args(grid, (config or {}).get(spaces.STATE.name),
+                                    dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False,
+                                         TWO_PART=two_part(p)), B)
     return ws
 
 
@@ -183,5 +193,5 @@ def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Opti
     if p.state is not None and count != ws.shape[2]:
         raise ValueError("the final state needs the scan of every segment")
     scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-    launch(_segment_scan_kernel, scan_grid, (config or {}).get(spaces.SCAN.name), **problem_args(p), ws_ptr=ws,
-           SEG=seg_len, NS=count, NW=ws.shape[2])
+    _SCAN_LAUNCHES.launch_args(scan_grid, (config or {}).get(spaces.SCAN.name),
+                               dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=count, NW=ws.shape[2]), B)

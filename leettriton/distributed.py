@@ -37,7 +37,7 @@ from .autograd import add_state_term, initial_state_grad, log2_gamma, output_gra
 from .autotune.families import current_family, is_interpreting
 from .kernels import segments
 from .methods.block_based.kernels import walk_segments
-from .methods.block_based.space import segmenting
+from .methods.block_based.space import segmenting, state_pieces
 from .methods.lightning_attention.kernels import WALK_MAX_R
 from .plan import resolve, run_problem
 from .problem import DTYPES, LAYOUTS, Problem, check_state, make_problem, requires_grad
@@ -445,13 +445,12 @@ def local_pass(p: Problem, name: str = "auto") -> tuple[torch.Tensor, Callable[[
                  and registry.user_method(name) is None and (p.v.device.type == "cuda" or is_interpreting()))
     if segmented:
         plan = resolve(plain, name)
-        seg_len = plan.schedule.get("seg_len", n) if plan.method == "block_based" else n
-        piece = seg_len // plan.schedule.get("split", 1) if plan.method == "block_based" else n
-        segmented = seg_len < n
+        segmented = plan.method == "block_based" and plan.schedule["seg_len"] < n
     if not segmented:
         return slice_state(p, name), lambda start: run_problem(replace(plain, initial_state=start), name)
     # the state kernel as slice_state runs it (its own tuning: here it is a pass of its own over every segment,
     # not the plan's first stage), the walk with the plan's configs
+    piece = state_pieces(plan.schedule, n)[0]
     ws = segments.segment_local_states(replace(plain, initial_state=None), piece, None, last=True)
     return (_sum_segments(ws, piece, n, p.gamma, p.initial_state),
             lambda start: walk_segments(replace(plain, initial_state=start), plan, ws))

@@ -36,7 +36,6 @@ from ..spec import Plan
 from . import space as spaces
 from ...kernels.segments import scan_segment_states, segment_local_states
 from ...kernels.pieces import in_r_pieces
-from ...autotune.sizing import cdiv
 from ..lightning_attention.kernels import WALK_MAX_R, chunk_walk_kernel, launch_chunk_walk
 
 _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
@@ -44,43 +43,41 @@ _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
 
 def block_based_fwd(p: Problem, plan: Plan) -> None:
     """Launch the segment states and the segment-parallel chunk walk for ``p`` with the plan's
-    configs and schedule (``seg_len``, ``prefix``: :func:`space.schedule`); r > 256 in pieces of r
+    configs and schedule (``seg_len``, ``split``, ``prefix``: :func:`space.schedule`); r > 256 in pieces of r
     (kernels/pieces.py)."""
     in_r_pieces(p, WALK_MAX_R, lambda piece: _block_based_fwd(piece, plan))
 
 
 def _block_based_fwd(p: Problem, plan: Plan) -> None:
-    n = p.shape[2]
-    seg_len, split = plan.schedule["seg_len"], plan.schedule.get("split", 1)
-    if seg_len >= n:
+    if plan.schedule["seg_len"] >= p.shape[2]:
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, plan.configs)
         return
     if plan.schedule["prefix"]:
         # with the prefix sums the walk never reads the last segment's local state
-        ws = segment_local_states(p, seg_len, plan.configs, last=False)
+        ws = segment_local_states(p, plan.schedule["seg_len"], plan.configs, last=False)
     else:
-        # the state pass in pieces of seg_len / split rows; without a final state, none of the last
-        # segment's pieces (the scan then reads every piece's state but theirs)
-        count = None if p.state is not None else (cdiv(n, seg_len) - 1) * split
-        ws = segment_local_states(p, seg_len // split, plan.configs, count=count)
+        # the state pass in pieces; without a final state, none of the last segment's pieces (the scan
+        # then reads every piece's state but theirs)
+        piece, before_last = spaces.state_pieces(plan.schedule, p.shape[2])
+        ws = segment_local_states(p, piece, plan.configs, count=None if p.state is not None else before_last)
     walk_segments(p, plan, ws)
 
 
 def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor) -> None:
     """The segment-parallel walk of ``p`` (r ≤ ``WALK_MAX_R``, a plan with ``seg_len < n``) from the
     local states ``ws`` (``segment_local_states`` of ``p``'s rows from a zero start, in the plan's
-    pieces of ``seg_len / split`` rows; without ``p.state``, those of the last segment's pieces may be
+    pieces (``space.state_pieces``); without ``p.state``, those of the last segment's pieces may be
     missing): the start states from ``p.initial_state`` and ``ws`` (summed by each walk program, or by
     the scan kernel, which rewrites ``ws`` in place: a workspace walks once), then the walk.  Split
     from the local states so that a caller that needs them anyway (the sequence-parallel state pass,
     leettriton/distributed.py) computes them once."""
-    n = p.shape[2]
-    seg_len, split, config = plan.schedule["seg_len"], plan.schedule.get("split", 1), plan.configs
+    seg_len, config = plan.schedule["seg_len"], plan.configs
     if plan.schedule["prefix"]:
         # few segments: the walk sums each start state from the local states itself (no scan launch)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True)
     else:
         # the start state of every piece up to the last segment's first (all of them for the final state)
-        count = None if p.state is not None else (cdiv(n, seg_len) - 1) * split + 1
-        scan_segment_states(p, ws, seg_len // split, config, count=count)
-        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, sub=split)
+        piece, before_last = spaces.state_pieces(plan.schedule, p.shape[2])
+        scan_segment_states(p, ws, piece, config, count=None if p.state is not None else before_last + 1)
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len,
+                          sub=plan.schedule.get("split", 1))

@@ -182,6 +182,13 @@ def schedule(p: Problem, family: Family, configs: Optional[Mapping]) -> dict:
                 prefix=seg_len < n and split == 1 and walk_sums_prefix(cdiv(n, seg_len), family))
 
 
+def state_pieces(schedule: Mapping[str, Any], n: int) -> tuple[int, int]:
+    """(rows per piece of the state pass, pieces before the last segment's first) of a segmented
+    schedule over ``n`` rows: the walk of segment s reads the start state of piece s · split."""
+    split = schedule.get("split", 1)
+    return schedule["seg_len"] // split, (cdiv(n, schedule["seg_len"]) - 1) * split
+
+
 def alternatives(p: Problem, family: Family) -> list[dict]:
     """The walk configs the tuner times pinned, with their own segments (``Method.alternatives``): the
     complement of :func:`_trial`, every config that fits ``p`` and gets other segments than the ones

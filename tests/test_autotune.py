@@ -87,11 +87,13 @@ def test_chunk_walk_space_on_sm90_puts_64_row_chunks_first_for_16bit_only():
         return walk.FWD.usable(FAMILIES["h100"], args)
 
     assert first(torch.float16, "tf32")[0] == dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=2)
-    # r > 128: 32-row chunks with value tiles up to 64 on 4 warps, or the 64 × 128 tile on 8 warps
+    # r > 128: 32-row chunks with value tiles of 32 or 64 on 4 warps, or 128-wide tiles on 8 warps (32- or
+    # 64-row chunks); no 16-wide tiles where d is wider
     wide = first(torch.bfloat16, "tf32", r=256, d=256)
-    assert {(cfg["BT"], cfg["BV"], cfg["num_warps"]) for cfg in wide} >= {(32, 64, 4), (32, 32, 4), (64, 128, 8)}
-    assert all((cfg["BT"] <= 32 and cfg["BV"] <= 64 and cfg["num_warps"] == 4) or
-               (cfg["BT"], cfg["BV"], cfg["num_warps"]) == (64, 128, 8) for cfg in wide)
+    assert {(cfg["BT"], cfg["BV"], cfg["num_warps"]) for cfg in wide} == {(32, 64, 4), (32, 32, 4), (64, 128, 8),
+                                                                           (32, 128, 8)}
+    assert {cfg["num_stages"] for cfg in wide if (cfg["BT"], cfg["num_warps"]) == (32, 8)} == {3, 4}
+    assert len(first(torch.float16, "tf32", r=256, d=512)) <= 10
     assert all(cfg["num_warps"] == 4 for cfg in first(torch.float16, "tf32"))   # r ≤ 128: 4 warps only
     assert all(cfg["BT"] <= 32 for cfg in first(torch.float32, "tf32"))
     assert all(cfg["BT"] == 16 and cfg["BV"] == 16 for cfg in first(torch.float32, "ieee"))

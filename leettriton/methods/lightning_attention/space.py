@@ -14,10 +14,15 @@ warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
   hundreds of bytes with 64-row chunks;
 * r ≤ 128: chunks of 64 or 32 rows, value tiles up to 64 (at most a few dozen
   bytes spilled outside the chunk loop, with an initial and a final state);
-* r > 128: 32-row chunks with value tiles up to 64 (4 warps), or 64-row chunks with 128-wide value
-  tiles (8 warps, two warpgroups; sm_90 only).  Tiles past 32 spill 100-500 B there, and still run
-  faster: at r = 256, d = 512 (8 heads, float16) the 64-wide tiles took 0.289 ms at 1 × 8192 and 1.57 ms
-  at 8 × 8192, the 32-wide ones 0.448 and 3.19 ms (perf/results/h100/walk_r256.log);
+* r > 128: 32-row chunks with value tiles up to 64 (4 warps), or 128-wide value tiles with 8 warps
+  (two warpgroups, one program per multiprocessor; sm_90 only), in 32-row chunks (3 or 4 stages, no
+  spill) or 64-row ones.  Tiles past 32 spill 100-500 B with 4 warps, and still run faster: at r = 256,
+  d = 512 (8 heads, float16) the 64-wide tiles took 0.289 ms at 1 × 8192 and 1.57 ms at 8 × 8192, the
+  32-wide ones 0.448 and 3.19 ms (perf/results/h100/walk_r256.log).  The 8-warp 32-row walk reads b
+  and c half as often as two 64-wide programs and spills nothing: in bfloat16 at 4 stages it took
+  0.214 ms at 1 × 8192 and 0.775 at 1 × 32 768 against 0.237 and 0.857 for the 64-wide 4-warp walk;
+  in float16 (whose state products scale each row first) 0.243 against 0.238 at 1 × 8192, 1.40
+  against 1.45 at 8 × 8192 (perf/results/h100/walk_r256_8warps.log);
 * 64-row chunks with 2 stages, or 3 or 4 at r ≤ 128 (16-bit): 3 hold 120 KB
   of tiles at r = d = 128, one program per multiprocessor instead of two, which
   pays where the sequence is cut into segments sized for one program per SM
@@ -82,10 +87,10 @@ def walk_fits(cfg, args) -> bool:
         return False
     if kind == "16bit" and rp <= 128 and bt == 32 and cfg["num_stages"] == 2:
         return False
-    if bv == 16 and rp <= 128 and dp > 16:
+    if bv == 16 and dp > 16 and (rp <= 128 or kind == "16bit"):
         return False
-    if warps == 8:  # the two-warpgroup config: measured at r > 128 only
-        return kind == "16bit" and rp > 128 and bt == 64 and bv == 128
+    if warps == 8:  # the two-warpgroup configs (128-wide value tiles): measured at r > 128 only
+        return kind == "16bit" and rp > 128 and bv == 128
     if kind == "16bit":
         return rp <= 128 or (bt <= 32 and bv <= 64)
     if bt > 32:
@@ -106,6 +111,7 @@ def walk_space(name: str) -> KernelSpace:
     # 16-row chunks serve float32 "ieee" alone (CUDA-core products, 16 × 16 tiles).
     sm90 = [dict(BT=[64, 32], BK=[64, 32], BV=[64, 32, 16], num_warps=[4], num_stages=[2, 4, 3]),
             dict(BT=[64], BK=[64], BV=[128], num_warps=[8], num_stages=[2]),
+            dict(BT=[32], BK=[64], BV=[128], num_warps=[8], num_stages=[4, 3]),
             dict(BT=[16], BK=[64, 32], BV=[16], num_warps=[4], num_stages=[4, 3])]
     # sm_80/86/89 (mma.sync): 64-row chunks with 32- or 16-wide value tiles only (with 64-wide ones
     # the register tiles spill ~800 B on those targets)

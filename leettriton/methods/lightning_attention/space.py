@@ -20,7 +20,7 @@ warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
   d = 512 (8 heads, float16) the 64-wide tiles took 0.289 ms at 1 × 8192 and 1.57 ms at 8 × 8192, the
   32-wide ones 0.448 and 3.19 ms (perf/results/h100/walk_r256.log).  The 8-warp 32-row walk reads b
   and c half as often as two 64-wide programs and spills nothing: in bfloat16 at 4 stages it took
-  0.214 ms at 1 × 8192 and 0.775 at 1 × 32 768 against 0.237 and 0.857 for the 64-wide 4-warp walk;
+  0.216 ms at 1 × 8192 and 0.791 at 1 × 32 768 against 0.237 and 0.857 for the 64-wide 4-warp walk;
   in float16 (whose state products scale each row first) 0.243 against 0.238 at 1 × 8192, 1.40
   against 1.45 at 8 × 8192 (perf/results/h100/walk_r256_8warps.log);
 * 64-row chunks with 2 stages, or 3 or 4 at r ≤ 128 (16-bit): 3 hold 120 KB

@@ -229,8 +229,9 @@ def main(argv=None) -> int:
     def save(rows, cold=None):
         within = sum(r["ratio"] <= 1.10 for r in rows)
         worst = max((r["ratio"] for r in rows), default=None)
-        meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(
-            shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None)))
+        planned = shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None)
+        meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
+                    dtypes=sorted({shape[0] for shape in planned}))
         if cold is not None:
             meta.update(cold_start=cold)
         write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
@@ -260,9 +261,13 @@ def merge(paths, out: str) -> int:
     rows = sorted(by_key.values(), key=lambda row: order.get(_key(row), len(order)))
     meta = dict(runs[-1]["meta"], command=" ; ".join(run["meta"].get("command", "?") for run in runs)
                 + " ; python perf/bench_auto.py --merge " + " ".join(paths))
+    # the shapes a full run of the merged dtypes plans (runs of one dtype each add up to it; a run that
+    # measures again shapes of another must not count them twice)
+    dtypes = sorted({dt for run in runs for dt in run["meta"].get("dtypes") or []}
+                    | {row["dtype"] for run in runs for row in run["rows"]})
     meta.update(within_10pct=f"{sum(r['ratio'] <= 1.10 for r in rows)}/{len(rows)}",
                 worst_ratio=max((r["ratio"] for r in rows), default=None),
-                shapes_planned=sum(run["meta"].get("shapes_planned", 0) for run in runs))
+                shapes_planned=len(shapes(False, dtypes)), dtypes=dtypes)
     cold = next((run["meta"]["cold_start"] for run in runs if run["meta"].get("cold_start")), None)
     path = os.path.join(out, meta["device_slug"], "bench_auto")
     write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))

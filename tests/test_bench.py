@@ -471,6 +471,38 @@ def _script(name):
     return mod
 
 
+def test_bench_auto_merge_keeps_the_later_row_and_plans_each_shape_once(tmp_path):
+    """``bench_auto.py --merge`` of a float16 run, a bfloat16 run and a second float16 run of some of its
+    shapes (``--resume``): the later row wins, and the planned shapes are those of one full run of the two
+    dtypes, not the sum of the runs' own counts."""
+    mod = _script("bench_auto")
+    planned16, planned_bf = (mod.shapes(False, [dt]) for dt in ("float16", "bfloat16"))
+
+    def row(shape, ms):
+        dt, dec, heads, r, d, batch, n = shape
+        return dict(dtype=dt, decay=dec, heads=heads, r=r, d=d, batch=batch, n=n, auto_ms=ms, auto_method="block_based",
+                    best_method="block_based", best_ms=1.0, ratio=ms)
+
+    def run(name, rows, planned):
+        meta = dict(device="GPU X", device_slug="x", command=f"run {name}", shapes_planned=len(planned),
+                    git_sha=name)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(dict(meta=meta, rows=rows)))
+        return str(path)
+
+    first = run("a", [row(s, 1.3) for s in planned16], planned16)
+    other = run("b", [row(s, 1.0) for s in planned_bf], planned_bf)
+    again = run("c", [row(planned16[0], 1.05)], planned16)
+    assert mod.merge([first, other, again], str(tmp_path / "out")) == 0
+    merged = json.loads((tmp_path / "out" / "x" / "bench_auto.json").read_text())
+    rows = {(r["dtype"], r["decay"], r["heads"], r["r"], r["d"], r["batch"], r["n"]): r for r in merged["rows"]}
+    assert len(merged["rows"]) == len(rows) == len(planned16) + len(planned_bf)
+    assert rows[planned16[0]]["ratio"] == 1.05 and rows[planned16[1]]["ratio"] == 1.3
+    assert merged["meta"]["shapes_planned"] == len(mod.shapes(False, ["bfloat16", "float16"]))
+    assert merged["meta"]["within_10pct"] == f"{1 + len(planned_bf)}/{len(rows)}"
+    assert merged["meta"]["git_sha"] == "c" and merged["meta"]["dtypes"] == ["bfloat16", "float16"]
+
+
 @pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])

@@ -4,7 +4,8 @@
         --section SpeedOfLight --section WarpStateStats ... \\
         python perf/ncu_block_based.py '{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}' float16 [n]
 
-Batch 1, heads 8, r = 256, d = 512, n rows (8192 unless given), γ per head from 0.969 to 0.996; the walk
+Batch 1, heads 8, r = 256, d = 512, n rows (8192 unless given), the inputs and per-head γ of the
+benchmarks (``leettriton.bench.inputs``); the walk
 pinned to the config given (run as given, inside the family's space or not), the segment-state kernel to
 {BT 64, BK 128, BV 64, 4 warps, 3 stages}: no autotuning launch in between.  Three calls, so that a
 profiler can skip the first (compilation) launches.
@@ -18,6 +19,7 @@ import torch
 
 import leettriton  # noqa: F401  (registers the kernels)
 import leettriton.autotune.configs as configs
+from leettriton.bench.inputs import decay_gammas, make_inputs
 from leettriton.plan import run_problem
 from leettriton.problem import make_problem
 
@@ -30,11 +32,8 @@ def main(argv=None) -> int:
     n = int(argv[2]) if len(argv) > 2 else 8192
     batch, heads, r, d = 1, 8, 256, 512
     configs._fits = lambda *a: True   # run the config as given
-    g = torch.Generator(device="cuda").manual_seed(0)
-    b, c = (torch.randn(batch, heads, n, r, device="cuda", dtype=dt, generator=g) * r ** -0.5 for _ in range(2))
-    v = torch.randn(batch, heads, n, d, device="cuda", dtype=dt, generator=g)
-    gamma = 1 - torch.exp2(-5 - 3 * torch.arange(heads, device="cuda") / (heads - 1))
-    p, _ = make_problem(b, c, v, gamma)
+    b, c, v = make_inputs(batch, heads, n, r, d, dt, "cuda")
+    p, _ = make_problem(b, c, v, decay_gammas(heads, "cuda"))
     pinned = {"block_based.fwd": cfg, "segments.state": STATE}
     for _ in range(3):
         run_problem(p, "block_based", pinned)

@@ -57,12 +57,14 @@ def check_against_oracle(method: str, case: Case, precision=None) -> None:
     result = leettriton.linear_attention(b, c, v, gamma, method=method, layout=case.layout, initial_state=s0,
                                          return_state=case.return_state, precision=precision)
     ref = leettriton.reference(b, c, v, gamma, layout=case.layout, initial_state=s0, return_state=True)
-    # TF32 rounds every operand: its error is bounded by the terms' magnitudes (docs/design.md §2.5)
+    # measured against the terms' magnitudes (docs/design.md §2.5): TF32's outputs and states (it rounds every
+    # operand), and 16-bit inputs' final states (a sum over time of decayed values each rounded on its own)
+    tf32, sixteen = precision == "tf32", case.dtype != torch.float32
     terms = (leettriton.reference(*magnitudes(b, c, v), gamma, layout=case.layout, initial_state=magnitudes(s0)[0],
-                                  return_state=True) if precision == "tf32" else (None, None))
+                                  return_state=True) if tf32 or (sixteen and case.return_state) else (None, None))
     out = result[0] if case.return_state else result
     assert out.dtype == v.dtype and out.shape == v.shape
-    assert_close(out, ref[0], tol, f"{method} output [{case.id}]", terms[0])
+    assert_close(out, ref[0], tol, f"{method} output [{case.id}]", terms[0] if tf32 else None)
     if case.return_state:
         state = result[1]
         assert state.dtype == torch.float32 and state.shape == (case.B, case.H, case.r, case.d)
@@ -86,6 +88,8 @@ NAMED = [
     Case(2, 3, 64, 64, 64, dtype=torch.float16, noncontiguous=True, layout="bnhd", gamma=1.0, return_state=True),
     Case(1, 2, 300, 32, 48, dtype=torch.float16, gamma=None, initial=True, return_state=True),
     Case(1, 1, 0, 8, 8, gamma=0.9, initial=True, return_state=True),
+    # a float16 state of 0.623 from terms of magnitude 11.2: vanilla errs by 1.3e-3, 2.1e-3 of the state
+    Case(1, 1, 65, 1, 1, dtype=torch.float16, gamma=0.875, return_state=True, seed=1),
 ]
 
 

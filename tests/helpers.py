@@ -15,8 +15,9 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str,
 
     ``terms``: the same quantity computed by the oracle from the inputs' magnitudes (every term of every
     sum counted positive, :func:`magnitudes`); the error is then measured against ‖terms‖ ≥ ‖ref‖.  That
-    is the bound TF32 products keep (docs/design.md §2.5): they round every operand, so an output that
-    cancels to far below its terms carries each term's rounding.  Where nothing cancels, terms = |ref|.
+    is the bound TF32 products keep, and 16-bit final states (docs/design.md §2.5): the former round every
+    operand, the latter sum decayed values each rounded on its own, so a result that cancels to far below
+    its terms carries each term's rounding.  Where nothing cancels, terms = |ref|.
     """
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     if ref.numel() == 0:

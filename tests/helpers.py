@@ -44,9 +44,10 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str,
 
 
 def magnitudes(*tensors):
-    """The inputs' absolute values (None stays None): fed to the oracle they give every quantity with each
-    term of its sums counted positive (γ's decays are positive), the ``terms`` of :func:`assert_close`."""
-    return tuple(None if x is None else x.abs() for x in tensors)
+    """The inputs' absolute values, detached (None stays None): fed to the oracle they give every quantity
+    with each term of its sums counted positive (γ's decays are positive), the ``terms`` of
+    :func:`assert_close`."""
+    return tuple(None if x is None else x.detach().abs() for x in tensors)
 
 
 @dataclass

@@ -6,6 +6,8 @@
     python perf/bench_auto.py --cold-only                           # the cold start alone
     python perf/bench_auto.py --no-cold --dtypes float16 --out /tmp/a   # one dtype per GPU, side by side,
     python perf/bench_auto.py --merge /tmp/a/h100/bench_auto.json ...   # then one file of them all
+    python perf/bench_auto.py --no-cold --shard 0/4 --out /tmp/s0       # a quarter of the series of
+                                                                        # shapes per GPU, then --merge
 
 1. For n ∈ {3000, 20000, 70000}, batch·heads ∈ {48, 96}, fp16 / bf16 / fp32, with and without decay
    (heads 16, r = d = 128), and batch 1 × n 8192 at heads 32 (r = d = 128); in float16 and bfloat16
@@ -101,19 +103,40 @@ SLOWER_TO_DROP = 10.0
 """A method this many times slower than the best at a shape is not run at the larger n of its series."""
 
 
-def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, deadline=None):
+def shard_shapes(all_shapes, shard) -> list:
+    """The shapes of shard (I, K): every K-th series from the I-th, a series being the shapes that differ in n
+    alone, kept whole so that a method that loses by 10× at small n is dropped at larger n here too."""
+    i, k = shard
+    series = list(dict.fromkeys(shape[:-1] for shape in all_shapes))
+    mine = set(series[i::k])
+    return [shape for shape in all_shapes if shape[:-1] in mine]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/K"`` → (I, K): the shard that takes every K-th series of shapes from the I-th (0 ≤ I < K)."""
+    try:
+        i, k = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard takes I/K (e.g. 0/4), not {text!r}") from None
+    if not 0 <= i < k:
+        raise argparse.ArgumentTypeError(f"--shard {text}: needs 0 ≤ I < K")
+    return i, k
+
+
+def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, deadline=None, shard=(0, 1)):
     """One row per shape: ``auto`` (its pinned heuristic config) against every method autotuned at that shape.
 
     The autotuners' caches are cleared before each shape, so each method runs the config that is best
     for that shape, as the tuner measured it.  ``done``: rows of an earlier run (kept, not measured
     again); ``save(rows)`` is called after every shape; past ``deadline`` (a ``time.time()``) the rest
-    is left for a ``--resume``.
+    is left for a ``--resume``.  ``shard`` (I, K): only the shapes of :func:`shard_shapes` (one GPU's share
+    of a run spread over K, joined afterwards with ``--merge``).
     """
     from leettriton.autotune import KERNELS
 
     done = {_key(r): r for r in (done or [])}
     rows, dropped = [], {}
-    for dt, dec, heads, r, d, batch, n in shapes(quick, dtypes):
+    for dt, dec, heads, r, d, batch, n in shard_shapes(shapes(quick, dtypes), shard):
         series = (dt, dec, heads, r, d, batch)
         if (dt, dec, heads, r, d, batch, n) in done:
             row = done[(dt, dec, heads, r, d, batch, n)]
@@ -194,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cold-timeout", type=float, default=420, help="seconds allowed to each cold-start process")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop before a shape once this long has passed")
     ap.add_argument("--resume", action="store_true", help="keep the shapes already in the output file")
+    ap.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/K",
+                    help="measure only every K-th series of shapes from the I-th (one GPU's share; join with --merge)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="write one file of the rows of these runs (of one GPU model, e.g. one dtype per GPU) "
                          "to OUT/<gpu>/bench_auto; measures nothing")
@@ -229,7 +254,7 @@ def main(argv=None) -> int:
     def save(rows, cold=None):
         within = sum(r["ratio"] <= 1.10 for r in rows)
         worst = max((r["ratio"] for r in rows), default=None)
-        planned = shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None)
+        planned = shard_shapes(shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None), opts.shard)
         meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
                     dtypes=sorted({shape[0] for shape in planned}))
         if cold is not None:
@@ -237,7 +262,7 @@ def main(argv=None) -> int:
         write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
 
     rows = auto_vs_best(opts.quick, opts.methods.split(","), opts.dtypes.split(",") if opts.dtypes else None,
-                        done=done, save=save,
+                        done=done, save=save, shard=opts.shard,
                         deadline=None if opts.max_minutes is None else start + 60 * opts.max_minutes)
     cold = None if opts.no_cold else cold_start(3000, 5000, opts.cold_timeout)
     save(rows, cold)

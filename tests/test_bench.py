@@ -503,6 +503,27 @@ def test_bench_auto_merge_keeps_the_later_row_and_plans_each_shape_once(tmp_path
     assert merged["meta"]["git_sha"] == "c" and merged["meta"]["dtypes"] == ["bfloat16", "float16"]
 
 
+def test_bench_auto_shards_split_the_series_whole_and_cover_every_shape_once():
+    """``--shard I/K``: the K shards together hold every shape of a full run exactly once, each series of
+    shapes that differ only in n stays in one shard (its losers are dropped at larger n), and the shards'
+    loads differ by at most one series; a bad ``I/K`` is refused."""
+    mod = _script("bench_auto")
+    every = mod.shapes(False, None)
+    shards = [mod.shard_shapes(every, (i, 4)) for i in range(4)]
+    assert sorted(s for part in shards for s in part) == sorted(every)
+    owner = {}
+    for i, part in enumerate(shards):
+        for shape in part:
+            assert owner.setdefault(shape[:-1], i) == i
+        assert part == [s for s in every if s in part]     # in the run's order
+    counts = [len({s[:-1] for s in part}) for part in shards]
+    assert max(counts) - min(counts) <= 1
+    assert mod.shard_shapes(every, (0, 1)) == every
+    for bad in ("4/4", "-1/2", "1", "a/b"):
+        with pytest.raises(mod.argparse.ArgumentTypeError):
+            mod.parse_shard(bad)
+
+
 @pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])

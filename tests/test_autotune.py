@@ -290,3 +290,20 @@ def test_launch_replaces_a_pinned_config_only_when_it_does_not_fit(monkeypatch):
     configs.launch(Kernel, (1,), dict(BT=64, num_warps=4, num_stages=2), R=100, D=8)
     configs.launch(Kernel, (1,), dict(BT=64, num_warps=4, num_stages=2), R=40, D=8)
     assert launched == [dict(BT=64, num_warps=4, num_stages=2), dict(BT=32, num_warps=4, num_stages=2)]
+
+
+def test_warm_lists_each_kernel_of_every_method_and_refuses_without_cuda(monkeypatch, capsys):
+    """``python -m leettriton.autotune.warm``: its task list holds every built-in method's kernels, each kernel
+    once with ``--first``; its defaults parse (the method list it imports), and with no GPU it stops with a
+    message before compiling anything."""
+    from leettriton.autotune import warm
+    from leettriton.methods import BUILTIN_METHODS
+
+    tasks = warm._tasks(list(BUILTIN_METHODS), ["float16"], [(128, 128)], [(True, False, False)], 32, first=True)
+    assert {t[0] for t in tasks} == set(BUILTIN_METHODS)
+    per_method = [(t[0], t[8]) for t in tasks]
+    assert len(per_method) == len(set(per_method))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        warm.main([])
+    assert e.value.code == 2 and "needs a CUDA device" in capsys.readouterr().err

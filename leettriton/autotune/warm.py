@@ -63,7 +63,7 @@ def _compile(task) -> tuple[str, float, str]:
 
 
 def main(argv=None) -> int:
-    from ..api import BUILTIN_METHODS
+    from ..methods import BUILTIN_METHODS
 
     ap = argparse.ArgumentParser(description="Compile kernels ahead of time into Triton's cache.")
     ap.add_argument("--methods", default=",".join(BUILTIN_METHODS))

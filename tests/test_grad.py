@@ -85,12 +85,14 @@ def check_gradients(method: str, case: Case, needs: str = INPUTS, out_loss: bool
     # TF32 rounds every operand: its error is bounded by the terms' magnitudes, every input and loss weight
     # taken positive (docs/design.md §2.5)
     terms, terms_out, terms_state = {}, None, None
-    sizes = dict(zip(ref_inputs, magnitudes(*ref_inputs.values())))
-    if precision == "tf32":
-        terms, terms_out, terms_state = gradients(oracle, sizes, needs, w_out.abs(), w_state.abs(), out_loss,
-                                                  state_loss, torch.float64)
-    elif return_state and case.dtype != torch.float32:   # 16-bit final states too (docs/design.md §2.5)
-        terms_state = oracle(**sizes)[1]
+    state16 = return_state and case.dtype != torch.float32   # 16-bit final states too (docs/design.md §2.5)
+    if precision == "tf32" or state16:
+        sizes = dict(zip(ref_inputs, magnitudes(*ref_inputs.values())))
+        if precision == "tf32":
+            terms, terms_out, terms_state = gradients(oracle, sizes, needs, w_out.abs(), w_state.abs(), out_loss,
+                                                      state_loss, torch.float64)
+        else:
+            terms_state = oracle(**sizes)[1]
     assert out.grad_fn is not None, f"{method}: the output has no grad_fn [{case.id}]"
     assert_close(out, ref_out, tol, f"{method} output [{case.id}]", terms_out)
     if return_state:

@@ -93,7 +93,11 @@ def test_chunk_walk_space_on_sm90_puts_64_row_chunks_first_for_16bit_only():
     assert {(cfg["BT"], cfg["BV"], cfg["num_warps"]) for cfg in wide} == {(32, 64, 4), (32, 32, 4), (64, 128, 8),
                                                                            (32, 128, 8)}
     assert {cfg["num_stages"] for cfg in wide if (cfg["BT"], cfg["num_warps"]) == (32, 8)} == {3, 4}
-    assert len(first(torch.float16, "tf32", r=256, d=512)) <= 10
+    # the 8-warp 32-row walk also holds all of r as one tile; no other config has a tile wider than 64
+    assert {cfg["BK"] for cfg in wide if (cfg["BT"], cfg["num_warps"]) == (32, 8)} == {64, 256}
+    assert all(cfg["BK"] == 64 for cfg in wide if (cfg["BT"], cfg["num_warps"]) != (32, 8))
+    assert all(cfg["BK"] <= 64 for cfg in first(torch.float16, "tf32"))   # r ≤ 128: no tile past r
+    assert len(first(torch.float16, "tf32", r=256, d=512)) <= 11
     assert all(cfg["num_warps"] == 4 for cfg in first(torch.float16, "tf32"))   # r ≤ 128: 4 warps only
     assert all(cfg["BT"] <= 32 for cfg in first(torch.float32, "tf32"))
     assert all(cfg["BT"] == 16 and cfg["BV"] == 16 for cfg in first(torch.float32, "ieee"))

@@ -11,7 +11,7 @@ The rules below come from sm_90 cubins of every combination of the axes at r = d
 warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
 
 * r tiles of 64 (of 32 only when r ≤ 32): 32-wide tiles at larger r spill
-  hundreds of bytes with 64-row chunks;
+  hundreds of bytes with 64-row chunks (and one tile of all of r in the 8-warp walk, below);
 * r ≤ 128: chunks of 64 or 32 rows, value tiles up to 64 (at most a few dozen
   bytes spilled outside the chunk loop, with an initial and a final state);
 * r > 128: 32-row chunks with value tiles up to 64 (4 warps), or 128-wide value tiles with 8 warps
@@ -22,7 +22,12 @@ warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
   and c half as often as two 64-wide programs and spills nothing: in bfloat16 at 4 stages it took
   0.216 ms at 1 × 8192 and 0.791 at 1 × 32 768 against 0.237 and 0.857 for the 64-wide 4-warp walk;
   in float16 (whose state products scale each row first) 0.243 against 0.238 at 1 × 8192, 1.40
-  against 1.45 at 8 × 8192 (perf/results/h100/walk_r256_8warps.log);
+  against 1.45 at 8 × 8192 (perf/results/h100/walk_r256_8warps.log).  The 8-warp 32-row walk also
+  holds all of r as one tile (BK = 256: one product of K = 256 with b, one state update of N = 256, where
+  64-wide tiles give four of each, each waited for before the next): its loop spills (about 60 loads a
+  chunk) and still runs faster, bfloat16 0.197 ms at 1 × 8192 and 0.712 at 1 × 32 768 against 0.214 and
+  0.783, float16 0.212 and 0.773 against 0.245 and 0.893 (perf/results/h100/walk_bk.log); with 4 warps
+  and at r = d = 128, wider r tiles were not faster there;
 * 64-row chunks with 2 stages, or 3 or 4 at r ≤ 128 (16-bit): 3 hold 120 KB
   of tiles at r = d = 128, one program per multiprocessor instead of two, which
   pays where the sequence is cut into segments sized for one program per SM
@@ -43,7 +48,7 @@ warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
   whole operand rows per thread: no tile is spill-free there; the smallest
   tiles spill least (8-16 B at r = d = 128).
 
-Each family's list is the product of its axes; the rules leave at most 10
+Each family's list is the product of its axes; the rules leave at most 11
 for any launch.
 """
 from __future__ import annotations
@@ -111,7 +116,7 @@ def walk_space(name: str) -> KernelSpace:
     # 16-row chunks serve float32 "ieee" alone (CUDA-core products, 16 × 16 tiles).
     sm90 = [dict(BT=[64, 32], BK=[64, 32], BV=[64, 32, 16], num_warps=[4], num_stages=[2, 4, 3]),
             dict(BT=[64], BK=[64], BV=[128], num_warps=[8], num_stages=[2]),
-            dict(BT=[32], BK=[64], BV=[128], num_warps=[8], num_stages=[4, 3]),
+            dict(BT=[32], BK=[256, 64], BV=[128], num_warps=[8], num_stages=[4, 3]),
             dict(BT=[16], BK=[64, 32], BV=[16], num_warps=[4], num_stages=[4, 3])]
     # sm_80/86/89 (mma.sync): 64-row chunks with 32- or 16-wide value tiles only (with 64-wide ones
     # the register tiles spill ~800 B on those targets)

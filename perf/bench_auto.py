@@ -8,6 +8,7 @@
     python perf/bench_auto.py --merge /tmp/a/h100/bench_auto.json ...   # then one file of them all
     python perf/bench_auto.py --no-cold --shard 0/4 --out /tmp/s0       # a quarter of the series of
                                                                         # shapes per GPU, then --merge
+    python perf/bench_auto.py --no-cold --rd 256x512 --out /tmp/w       # one layer's widths, then --merge
 
 1. For n ∈ {3000, 20000, 70000}, batch·heads ∈ {48, 96}, fp16 / bf16 / fp32, with and without decay
    (heads 16, r = d = 128), and batch 1 × n 8192 at heads 32 (r = d = 128); in float16 and bfloat16
@@ -112,6 +113,23 @@ def shard_shapes(all_shapes, shard) -> list:
     return [shape for shape in all_shapes if shape[:-1] in mine]
 
 
+def widths_only(all_shapes, widths) -> list:
+    """The shapes whose (r, d) is one of ``widths`` (all of them when ``widths`` is None): a run of one
+    layer's shapes after a change that only its widths see, joined with the others by ``--merge``."""
+    return [shape for shape in all_shapes if widths is None or (shape[3], shape[4]) in widths]
+
+
+def parse_widths(text: str) -> set:
+    """``"256x512,64x64"`` → {(256, 512), (64, 64)}."""
+    try:
+        widths = {tuple(int(x) for x in pair.split("x")) for pair in text.split(",")}
+    except ValueError:
+        widths = set()
+    if not widths or any(len(pair) != 2 or min(pair) < 1 for pair in widths):
+        raise argparse.ArgumentTypeError(f"--rd takes RxD pairs (e.g. 256x512,64x64), not {text!r}")
+    return widths
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``"I/K"`` → (I, K): the shard that takes every K-th series of shapes from the I-th (0 ≤ I < K)."""
     try:
@@ -123,20 +141,22 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, k
 
 
-def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, deadline=None, shard=(0, 1)):
+def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, deadline=None, shard=(0, 1),
+                 widths=None):
     """One row per shape: ``auto`` (its pinned heuristic config) against every method autotuned at that shape.
 
     The autotuners' caches are cleared before each shape, so each method runs the config that is best
     for that shape, as the tuner measured it.  ``done``: rows of an earlier run (kept, not measured
     again); ``save(rows)`` is called after every shape; past ``deadline`` (a ``time.time()``) the rest
     is left for a ``--resume``.  ``shard`` (I, K): only the shapes of :func:`shard_shapes` (one GPU's share
-    of a run spread over K, joined afterwards with ``--merge``).
+    of a run spread over K, joined afterwards with ``--merge``); ``widths``: only those of
+    :func:`widths_only`.
     """
     from leettriton.autotune import KERNELS
 
     done = {_key(r): r for r in (done or [])}
     rows, dropped = [], {}
-    for dt, dec, heads, r, d, batch, n in shard_shapes(shapes(quick, dtypes), shard):
+    for dt, dec, heads, r, d, batch, n in widths_only(shard_shapes(shapes(quick, dtypes), shard), widths):
         series = (dt, dec, heads, r, d, batch)
         if (dt, dec, heads, r, d, batch, n) in done:
             row = done[(dt, dec, heads, r, d, batch, n)]
@@ -219,6 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the shapes already in the output file")
     ap.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/K",
                     help="measure only every K-th series of shapes from the I-th (one GPU's share; join with --merge)")
+    ap.add_argument("--rd", type=parse_widths, default=None, metavar="RxD,...",
+                    help="measure only the shapes of these widths (join with --merge)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="write one file of the rows of these runs (of one GPU model, e.g. one dtype per GPU) "
                          "to OUT/<gpu>/bench_auto; measures nothing")
@@ -254,7 +276,8 @@ def main(argv=None) -> int:
     def save(rows, cold=None):
         within = sum(r["ratio"] <= 1.10 for r in rows)
         worst = max((r["ratio"] for r in rows), default=None)
-        planned = shard_shapes(shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None), opts.shard)
+        planned = widths_only(shard_shapes(shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None),
+                                           opts.shard), opts.rd)
         meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
                     dtypes=sorted({shape[0] for shape in planned}))
         if cold is not None:
@@ -262,7 +285,7 @@ def main(argv=None) -> int:
         write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
 
     rows = auto_vs_best(opts.quick, opts.methods.split(","), opts.dtypes.split(",") if opts.dtypes else None,
-                        done=done, save=save, shard=opts.shard,
+                        done=done, save=save, shard=opts.shard, widths=opts.rd,
                         deadline=None if opts.max_minutes is None else start + 60 * opts.max_minutes)
     cold = None if opts.no_cold else cold_start(3000, 5000, opts.cold_timeout)
     save(rows, cold)

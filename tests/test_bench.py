@@ -524,6 +524,22 @@ def test_bench_auto_shards_split_the_series_whole_and_cover_every_shape_once():
             mod.parse_shard(bad)
 
 
+def test_bench_auto_widths_keep_only_their_layers_shapes():
+    """``--rd 256x512``: exactly the full run's shapes of those widths (RetNet-1.3B's layer, both 16-bit
+    dtypes, every batch and n), in the run's order; none given: all of them; a bad list is refused."""
+    mod = _script("bench_auto")
+    every = mod.shapes(False, None)
+    wide = mod.widths_only(every, mod.parse_widths("256x512"))
+    assert wide and wide == [s for s in every if (s[3], s[4]) == (256, 512)]
+    assert {s[0] for s in wide} == {"float16", "bfloat16"} and len(wide) == 2 * len(mod.MODEL_SHAPES)
+    both = mod.widths_only(every, mod.parse_widths("256x512,64x64"))
+    assert set(both) == set(wide) | {s for s in every if (s[3], s[4]) == (64, 64)} and len(both) > len(wide)
+    assert mod.widths_only(every, None) == every
+    for bad in ("256", "ax512", "256x", "256x512x2", "0x64"):
+        with pytest.raises(mod.argparse.ArgumentTypeError):
+            mod.parse_widths(bad)
+
+
 @pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])

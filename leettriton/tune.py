@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -117,6 +118,14 @@ def _ints(text: str, what: str) -> list[int]:
     return sorted(set(values))
 
 
+def point_batch_heads(bh: int) -> tuple[int, int]:
+    """(batch, heads) a point of ``bh`` batch·heads runs as: the most heads that divide it, up to 32 (the
+    full grid's batch·heads are powers of two: 32 heads × batch from 32 on; 48 runs as 3 × 16, as
+    ``perf/bench_auto.py``'s shapes of 16 heads do)."""
+    heads = math.gcd(bh, 32)
+    return bh // heads, heads
+
+
 def select_grid(opts) -> dict:
     """The grid to measure: ``--quick`` or the full one, with ``--dtypes``, ``--bh``, ``--n`` and ``--rd``
     (each a comma-separated list) replacing that axis.  Raises ValueError for a malformed list."""
@@ -128,9 +137,6 @@ def select_grid(opts) -> dict:
             raise ValueError(f"--dtypes must name float16, bfloat16 or float32, got {opts.dtypes!r}")
     if getattr(opts, "bh", None):
         grid["bh"] = _ints(opts.bh, "bh")
-        if any(bh > 32 and bh % 32 for bh in grid["bh"]):
-            # a point runs batch·heads as 32 heads × batch above 32
-            raise ValueError(f"--bh values above 32 must be multiples of 32, got {opts.bh!r}")
     if getattr(opts, "n", None):
         grid["n"] = _ints(opts.n, "n")
     if getattr(opts, "decay", None):
@@ -266,8 +272,7 @@ def main(argv=None) -> int:
     count, todo = 0, len(series) * len(grid["n"])
     for dt, dec, (r, d), bh in series:
         dropped: set[str] = set()
-        heads = min(bh, 32)
-        batch = bh // heads
+        batch, heads = point_batch_heads(bh)
         for n in grid["n"]:
             count += 1
             key = (dt, dec, r, d, bh, n)

@@ -173,10 +173,22 @@ def test_tune_grid_axes_can_be_replaced_from_the_command_line():
     assert tune.select_grid(opts(decay="yes"))["decay"] == [True]
     assert tune.select_grid(opts(decay="no"))["decay"] == [False]
     assert tune.select_grid(opts(rd="300x1024"))["rd"] == [[300, 1024]]
-    for bad in (dict(bh="48"), dict(n="0,64"), dict(n="1k"), dict(rd="128"), dict(rd="1025x128"),
+    assert tune.select_grid(opts(bh="96,48"))["bh"] == [48, 96]
+    for bad in (dict(bh="0,48"), dict(n="0,64"), dict(n="1k"), dict(rd="128"), dict(rd="1025x128"),
                 dict(dtypes="float64")):
         with pytest.raises(ValueError):
             tune.select_grid(opts(**bad))
+
+
+def test_tune_points_run_their_batch_heads_as_the_most_heads_up_to_32():
+    """The full grid's powers of two keep 32 heads × batch (as before), and batch·heads between them run
+    as bench_auto's shapes of 16 heads do (48 = 3 × 16)."""
+    for bh in tune.GRIDS["full"]["bh"]:
+        assert tune.point_batch_heads(bh) == (max(1, bh // 32), min(bh, 32))
+    assert tune.point_batch_heads(48) == (3, 16)
+    assert tune.point_batch_heads(96) == (3, 32)
+    assert tune.point_batch_heads(40) == (5, 8)
+    assert tune.point_batch_heads(7) == (7, 1)
 
 
 def test_tune_reports_a_malformed_grid_option(monkeypatch, capsys):
@@ -184,9 +196,9 @@ def test_tune_reports_a_malformed_grid_option(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(tune, "current_family", lambda *a: FAMILIES["h100"])
     with pytest.raises(SystemExit) as exc:
-        tune.main(["--gpu", "h100", "--bh", "48"])
+        tune.main(["--gpu", "h100", "--bh", "0,48"])
     assert exc.value.code == 2
-    assert "--bh values above 32 must be multiples of 32" in capsys.readouterr().err
+    assert "--bh must be comma-separated positive integers" in capsys.readouterr().err
 
 
 PACKAGED = sorted((Path(leettriton.__file__).parent / "autotune" / "heuristics").glob("*.json"))

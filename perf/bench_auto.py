@@ -130,6 +130,11 @@ def parse_widths(text: str) -> set:
     return widths
 
 
+def planned_shapes(quick: bool, dtypes, shard=(0, 1), widths=None) -> list:
+    """The shapes a run measures: :func:`shapes`, then its :func:`shard_shapes` and :func:`widths_only`."""
+    return widths_only(shard_shapes(shapes(quick, dtypes), shard), widths)
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``"I/K"`` → (I, K): the shard that takes every K-th series of shapes from the I-th (0 ≤ I < K)."""
     try:
@@ -156,7 +161,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
 
     done = {_key(r): r for r in (done or [])}
     rows, dropped = [], {}
-    for dt, dec, heads, r, d, batch, n in widths_only(shard_shapes(shapes(quick, dtypes), shard), widths):
+    for dt, dec, heads, r, d, batch, n in planned_shapes(quick, dtypes, shard, widths):
         series = (dt, dec, heads, r, d, batch)
         if (dt, dec, heads, r, d, batch, n) in done:
             row = done[(dt, dec, heads, r, d, batch, n)]
@@ -276,8 +281,7 @@ def main(argv=None) -> int:
     def save(rows, cold=None):
         within = sum(r["ratio"] <= 1.10 for r in rows)
         worst = max((r["ratio"] for r in rows), default=None)
-        planned = widths_only(shard_shapes(shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None),
-                                           opts.shard), opts.rd)
+        planned = planned_shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None, opts.shard, opts.rd)
         meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
                     dtypes=sorted({shape[0] for shape in planned}))
         if cold is not None:

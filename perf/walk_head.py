@@ -22,11 +22,9 @@ import torch
 
 import leettriton
 from leettriton import bench
-from leettriton.autotune import current_family
 from leettriton.bench.timing import copy_bandwidth, memory_floor_ms, time_ms as _time_ms
-from leettriton.kernels.segments import segment_local_states
 from leettriton.methods.block_based import space as bb
-from leettriton.methods.block_based.kernels import _block_based_fwd_kernel, walk_segments
+from leettriton.methods.block_based.kernels import _block_based_fwd_kernel, local_states, walk_segments
 from leettriton.methods.lightning_attention.kernels import launch_chunk_walk
 from leettriton.plan import choose, resolve, run_problem
 from leettriton.problem import make_problem
@@ -46,12 +44,7 @@ def stages(p, configs, head, side):
     sched = plan.schedule
     if sched["seg_len"] >= n - head:
         raise ValueError(f"the rest ({n - head} rows) is one segment")
-    if sched["prefix"]:
-        local = lambda: segment_local_states(rest, sched["seg_len"], configs, last=False)  # noqa: E731
-    else:
-        piece, before_last = bb.state_pieces(sched, n - head)
-        local = lambda: segment_local_states(rest, piece, configs,  # noqa: E731
-                                             count=None if rest.state is not None else before_last)
+    local = lambda: local_states(rest, plan)  # noqa: E731
     walk_first = lambda: launch_chunk_walk(_block_based_fwd_kernel, bb.FWD, first, configs)  # noqa: E731
 
     def run():

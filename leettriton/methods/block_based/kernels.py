@@ -52,15 +52,19 @@ def _block_based_fwd(p: Problem, plan: Plan) -> None:
     if plan.schedule["seg_len"] >= p.shape[2]:
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, plan.configs)
         return
+    walk_segments(p, plan, local_states(p, plan))
+
+
+def local_states(p: Problem, plan: Plan) -> torch.Tensor:
+    """The segment-state pass of ``p`` (a plan with ``seg_len < n``): the local states, from a zero start,
+    that :func:`walk_segments` takes, as few as the plan's walk reads."""
     if plan.schedule["prefix"]:
         # with the prefix sums the walk never reads the last segment's local state
-        ws = segment_local_states(p, plan.schedule["seg_len"], plan.configs, last=False)
-    else:
-        # the state pass in pieces; without a final state, none of the last segment's pieces (the scan
-        # then reads every piece's state but theirs)
-        piece, before_last = spaces.state_pieces(plan.schedule, p.shape[2])
-        ws = segment_local_states(p, piece, plan.configs, count=None if p.state is not None else before_last)
-    walk_segments(p, plan, ws)
+        return segment_local_states(p, plan.schedule["seg_len"], plan.configs, last=False)
+    # the state pass in pieces; without a final state, none of the last segment's pieces (the scan
+    # then reads every piece's state but theirs)
+    piece, before_last = spaces.state_pieces(plan.schedule, p.shape[2])
+    return segment_local_states(p, piece, plan.configs, count=None if p.state is not None else before_last)
 
 
 def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor) -> None:

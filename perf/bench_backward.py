@@ -1,6 +1,6 @@
 """Training: forward + backward time, peak memory and gradient errors, ours against fla and lightning-attn.
 
-1. Speed and memory: heads 32, r = d = 128, decay per head (0.969 … 0.996, as every bench), float16 and
+1. Speed and memory: heads 32, r = d = 128 (``--model`` another layer's), decay per head (0.969 … 0.996, as every bench), float16 and
    bfloat16, batch 1 and 16, n ∈ {2048, 8192, 32768}.  For each implementation: the forward alone (no
    grad), and one training step, ``o = f(b, c, v)`` then ``torch.autograd.grad(o, (b, c, v), do)``
    with a random ``do``, timed together (do_bench median); and the peak memory one training step
@@ -21,6 +21,7 @@
     python perf/bench_backward.py              # on the GPU
     python perf/bench_backward.py --quick      # float16, 1 × 8192 and 16 × 8192, then the gradient errors
     python perf/bench_backward.py --grad-only  # the gradient errors alone (bench_backward_grad.*)
+    python perf/bench_backward.py --speed-only --model 8,256,512 --shapes 1x8192   # RetNet-1.3B's layer
 
 Without a GPU it runs the PyTorch versions on tiny shapes (a check of the script's logic, not a
 measurement); the peers need CUDA.
@@ -316,6 +317,8 @@ def main(argv=None) -> common.Report:
     p.add_argument("--methods", default=",".join(OURS),
                    help=f"comma-separated methods of ours (default {','.join(OURS)}; '{JUDGED}' is the one judged)")
     p.add_argument("--shapes", help="comma-separated BATCHxN pairs of the speed section, e.g. 1x8192,16x2048")
+    p.add_argument("--model", help="HEADS,R,D of the speed section in place of 32,128,128, e.g. 8,256,512 "
+                   "(RetNet-1.3B's layer); its files are named after it")
     p.add_argument("--grad-n", type=int, help="sequence length of the gradient section (default 8192; CPU 256)")
     p.add_argument("--grad-dtypes", default="float16,bfloat16,float32",
                    help="comma-separated dtypes of the gradient section")
@@ -338,6 +341,15 @@ def main(argv=None) -> common.Report:
         if not shapes or any(len(x) != 2 or min(x) < 1 for x in shapes):
             p.error(f"--shapes takes BATCHxN pairs such as 1x8192,16x2048, got {args.shapes!r}")
 
+    model = None
+    if args.model:
+        try:
+            model = tuple(int(x) for x in args.model.split(","))
+        except ValueError:
+            model = ()
+        if len(model) != 3 or min(model) < 1:
+            p.error(f"--model takes HEADS,R,D such as 8,256,512, got {args.model!r}")
+
     device = common.device_of(args)
     rep = common.Report(NAME, "Forward + backward against fla and lightning-attn", common.cli_argv(argv), device,
                         args.quick)
@@ -345,6 +357,8 @@ def main(argv=None) -> common.Report:
         rep.name += "_grad"       # its own files: a full run's tables are not overwritten
     if args.shapes:
         rep.name += "_shapes"
+    if model:
+        rep.name += "_h{}_r{}_d{}".format(*model)
     rep_ms = args.rep_ms or (50 if args.quick else 100)
     if device.type == "cuda":
         heads, r, d = 32, 128, 128
@@ -357,6 +371,8 @@ def main(argv=None) -> common.Report:
         dtypes = [torch.float16]
         default_shapes = [(1, 64), (2, 128)]
         grad_n, grad_heads = args.grad_n or 256, 2
+    if model:
+        heads, r, d = model
     impls = implementations(rep, methods)
     failed = None
     try:

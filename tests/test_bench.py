@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
 
 import pytest
@@ -467,6 +468,7 @@ def test_git_sha_named_by_the_environment(monkeypatch):
 def _script(name):
     spec = importlib.util.spec_from_file_location(f"perf_{name}", os.path.join(PERF, f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # a script's dataclasses look their module up by name
     spec.loader.exec_module(mod)
     return mod
 
@@ -616,3 +618,18 @@ def test_a_resumed_grid_primes_the_autotuned_entries_at_its_first_cell():
     assert seen == [(16, True), (32, True)]                  # primed at n = 16 first, then the pending n = 32 cell
     assert [r["n"] for r in again] == [16, 16, 32, 32] and again[0] is done[bench.cell_key("tuned", torch.float32, 1,
                                                                                           2, 16, 8, 8, True)]
+
+
+def test_bench_backward_model_sets_the_layer_and_names_its_files(tmp_path):
+    """``--model HEADS,R,D``: the speed rows are of that layer, written to files named after it (a full run's
+    are left alone); a bad triple is refused before anything runs."""
+    mod = _script("bench_backward")
+    rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5", "--speed-only",
+                    "--shapes", "1x40", "--model", "3,24,40"])
+    speed = [r for r in rep.rows if r.get("section", "speed") == "speed" and "heads" in r]
+    assert speed and {(r["heads"], r["r"], r["d"], r["n"]) for r in speed} == {(3, 24, 40, 40)}
+    assert (tmp_path / "cpu" / "bench_backward.quick_shapes_h3_r24_d40.json").exists()
+    assert not (tmp_path / "cpu" / "bench_backward.quick_shapes.json").exists()
+    for bad in ("3,24", "3,0,40", "a,b,c"):
+        with pytest.raises(SystemExit):
+            mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--model", bad])

@@ -1,14 +1,14 @@
 """Training: forward + backward time, peak memory and gradient errors, ours against fla and lightning-attn.
 
-1. Speed and memory: heads 32, r = d = 128 (``--model`` another layer's), decay per head (0.969 … 0.996, as every bench), float16 and
-   bfloat16, batch 1 and 16, n ∈ {2048, 8192, 32768}.  For each implementation: the forward alone (no
-   grad), and one training step, ``o = f(b, c, v)`` then ``torch.autograd.grad(o, (b, c, v), do)``
-   with a random ``do``, timed together (do_bench median); and the peak memory one training step
-   allocates above what is allocated before it (the inputs and ``do``, and a peer's converted copies
-   of them).  Ours: ``auto`` (the one judged) and ``lightning_attention``, ``block_based`` (each
-   autotuned at the shape, for information; ``--methods`` changes the list).  Peers, measured in the
-   same run when installed: fla ``chunk_simple_gla`` (``g_gamma = ln γ``, ``scale=1.0``; inputs and
-   ``do`` converted to its ``[B, T, H, K]`` layout outside the timed region) and lightning-attn
+1. Speed and memory: heads 32, r = d = 128 (``--model`` another layer's), decay per head (0.969 … 0.996, as
+   every bench), float16 and bfloat16, batch 1 and 16, n ∈ {2048, 8192, 32768}.  For each implementation:
+   the forward alone (no grad), and one training step, ``o = f(b, c, v)`` then
+   ``torch.autograd.grad(o, (b, c, v), do)`` with a random ``do``, timed together (do_bench median); and the
+   peak memory one training step allocates above what is allocated before it (the inputs and ``do``, and a
+   peer's converted copies of them).  Ours: ``auto`` (the one judged) and ``lightning_attention``,
+   ``block_based`` (each autotuned at the shape, for information; ``--methods`` changes the list).  Peers,
+   measured in the same run when installed: fla ``chunk_simple_gla`` (``g_gamma = ln γ``, ``scale=1.0``;
+   inputs and ``do`` converted to its ``[B, T, H, K]`` layout outside the timed region) and lightning-attn
    ``lightning_attn2`` (``s = −ln γ``).
    Targets (issue 21): ``auto``'s training step ≥ 1.5× faster than fla's at batch 16 and no slower at
    batch 1; its peak memory ≤ fla's.

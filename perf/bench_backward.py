@@ -317,7 +317,7 @@ def main(argv=None) -> common.Report:
     p.add_argument("--methods", default=",".join(OURS),
                    help=f"comma-separated methods of ours (default {','.join(OURS)}; '{JUDGED}' is the one judged)")
     p.add_argument("--shapes", help="comma-separated BATCHxN pairs of the speed section, e.g. 1x8192,16x2048")
-    p.add_argument("--model", help="HEADS,R,D of the speed section in place of 32,128,128, e.g. 8,256,512 "
+    p.add_argument("--model", type=common.layer_arg, help="HEADS,R,D of the speed section in place of 32,128,128, e.g. 8,256,512 "
                    "(RetNet-1.3B's layer); its files are named after it")
     p.add_argument("--grad-n", type=int, help="sequence length of the gradient section (default 8192; CPU 256)")
     p.add_argument("--grad-dtypes", default="float16,bfloat16,float32",
@@ -341,15 +341,7 @@ def main(argv=None) -> common.Report:
         if not shapes or any(len(x) != 2 or min(x) < 1 for x in shapes):
             p.error(f"--shapes takes BATCHxN pairs such as 1x8192,16x2048, got {args.shapes!r}")
 
-    model = None
-    if args.model:
-        try:
-            model = tuple(int(x) for x in args.model.split(","))
-        except ValueError:
-            model = ()
-        if len(model) != 3 or min(model) < 1:
-            p.error(f"--model takes HEADS,R,D such as 8,256,512, got {args.model!r}")
-
+    model = args.model
     device = common.device_of(args)
     rep = common.Report(NAME, "Forward + backward against fla and lightning-attn", common.cli_argv(argv), device,
                         args.quick)

@@ -34,6 +34,17 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def layer_arg(text: str) -> tuple[int, int, int]:
+    """An argparse type: ``"8,256,512"`` → (heads, r, d), three positive integers (a model layer's widths)."""
+    try:
+        layer = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        layer = ()
+    if len(layer) != 3 or min(layer) < 1:
+        raise argparse.ArgumentTypeError(f"takes HEADS,R,D such as 8,256,512, not {text!r}")
+    return layer
+
+
 def fmt_ms(ms: Optional[float]) -> str:
     """Milliseconds with 3-4 significant digits, or a dash."""
     if ms is None:

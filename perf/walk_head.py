@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 
 import torch
 
@@ -28,6 +30,9 @@ from leettriton.methods.block_based.kernels import _block_based_fwd_kernel, loca
 from leettriton.methods.lightning_attention.kernels import launch_chunk_walk
 from leettriton.plan import choose, resolve, run_problem
 from leettriton.problem import make_problem
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 
 def time_ms(fn) -> float:
@@ -67,14 +72,14 @@ def stages(p, configs, head, side):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="8,256,512", help="heads,r,d")
+    ap.add_argument("--model", type=common.layer_arg, default="8,256,512", help="heads,r,d")
     ap.add_argument("--shapes", default="1x8192,1x32768")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--heads-rows", default="0,256,512,768,1024,1536,2048")
     ap.add_argument("--no-decay", action="store_true")
     ap.add_argument("--gamma-bits", type=float, default=5, help="γ per head from 1 − 2^-BITS to 1 − 2^-(BITS + 3)")
     opts = ap.parse_args(argv)
-    heads, r, d = (int(x) for x in opts.model.split(","))
+    heads, r, d = opts.model
     bw = copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  leettriton {leettriton.__version__}  "
           f"heads {heads}, r {r}, d {d}, {'no decay' if opts.no_decay else f'decay from 1 - 2^-{opts.gamma_bits:g}'}, copy {bw / 1e9:.0f} GB/s",

@@ -116,6 +116,31 @@ def test_wide_dims(method, case):
     check_against_oracle(method, case)
 
 
+@pytest.mark.parametrize("r, widths", [(200, [200]), (300, [256, 44]), (700, [256, 256, 188]), (1024, [256] * 4)])
+def test_pieces_of_r_chain_through_float32_partials(r, widths):
+    """kernels/pieces.py's schedule, with a stand-in launch: the pieces' widths; the first adds no partial
+    sum, each later one the previous piece's float32 output; only the last writes the caller's output; and
+    no launch reads the buffer it writes (a launch run again, as an autotuning trial runs it, gives the
+    same result)."""
+    from leettriton.kernels.pieces import in_r_pieces
+    from leettriton.problem import make_problem
+    case = Case(1, 2, 5, r, 3, dtype=torch.float16, gamma=0.9, initial=True, return_state=True)
+    b, c, v, _, s0 = case.tensors(DEVICE)
+    p, out = make_problem(b, c, v, 0.9, initial_state=s0, return_state=True)
+    seen = []
+    in_r_pieces(p, 256, lambda piece, partial: seen.append((piece, partial)))
+    assert [piece.b.shape[-1] for piece, _ in seen] == widths
+    assert [piece.c.shape[-1] for piece, _ in seen] == widths
+    assert [piece.state.shape[2] for piece, _ in seen] == widths
+    assert seen[0][1] is None
+    assert seen[-1][0].out is p.out
+    for (before, _), (piece, partial) in zip(seen, seen[1:]):
+        assert partial is before.out and partial.dtype == torch.float32 and partial.shape == p.out.shape
+        assert piece.out.data_ptr() != partial.data_ptr()
+    for piece, _ in seen[:-1]:
+        assert piece.out.dtype == torch.float32 and piece.out.data_ptr() != p.out.data_ptr()
+
+
 @settings(max_examples=2 if not HAS_GPU else 10)
 @pytest.mark.parametrize("method", METHODS)
 @given(case=cases(max_n=12 if not HAS_GPU else MAX_N), r=st.integers(257, 1024), d=st.integers(257, 1024))

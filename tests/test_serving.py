@@ -45,10 +45,12 @@ def oracle(b, c, v, cu, gamma, initial):
 
 CASES = {
     # lengths: zero-length first, in the middle and last; shorter than one chunk (16 rows under the
-    # interpreter) and spanning several; the widest r takes four key tiles of the walk
+    # interpreter) and spanning several; r = 130 takes four key tiles of the walk
     "mixed-f32": dict(lens=[0, 5, 70, 0, 1, 33, 16, 0], r=40, d=36, dtype=torch.float32),
     "mixed-f16": dict(lens=[17, 0, 3, 64], r=24, d=20, dtype=torch.float16),
     "wide-r-bf16": dict(lens=[9, 40, 0], r=130, d=12, dtype=torch.bfloat16),
+    # past the walk's 256 keys: three pieces of r chained through float32 partial outputs (kernels/pieces.py)
+    "pieces-of-r-f16": dict(lens=[9, 0, 40], r=520, d=12, dtype=torch.float16),
 }
 
 

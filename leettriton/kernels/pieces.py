@@ -7,13 +7,16 @@ b = [b₁ … b_k], c = [c₁ … c_k] (and the state into the matching row bloc
 
 so each piece is a problem of its own over the same v, and its state rows are exactly
 rows p of the full state.  A kernel that holds all of r in registers (the chunk walk:
-at most 256) runs a wider r as consecutive pieces, each writing a float32 partial
-output; the partial outputs are summed in float32 and rounded once (docs/design.md §2).
+at most 256) runs a wider r as consecutive pieces chained through float32 partial
+outputs: each piece adds the sum of the pieces before it (read from a float32 buffer)
+to its own output in float32, and the last one rounds the total once into the output
+(docs/design.md §1.5).  No separate sum or copy runs; each launch reads one buffer
+and writes another, so running it again (an autotuning trial) gives the same result.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -22,27 +25,31 @@ from ..problem import Problem
 __all__ = ["in_r_pieces"]
 
 
-def in_r_pieces(p: Problem, max_r: int, run: Callable[[Problem], None]) -> None:
-    """Run ``run(piece)`` on ``p`` itself when r ≤ ``max_r``; else on pieces of r of at most ``max_r``
-    keys (all ``max_r`` wide but the last), summing their float32 outputs into ``p.out``.
+def in_r_pieces(p: Problem, max_r: int, run: Callable[[Problem, Optional[torch.Tensor]], None]) -> None:
+    """Run ``run(p, None)`` when r ≤ ``max_r``; else ``run(piece, partial)`` on pieces of r of at most
+    ``max_r`` keys (all ``max_r`` wide but the last), in order.
 
-    Each piece reads column views of b and c and row views of the initial state and writes row
-    views of the final state: no input is copied.  Extra traffic: two float32 (n, d) buffers per
-    piece after the first.
+    ``partial`` is None for the first piece and otherwise the float32 ``(B, H, n, d)`` sum of the pieces
+    before it, which the launch must add to its own output before writing ``piece.out``: a float32
+    buffer for every piece but the last, whose ``out`` is ``p.out``.  Two buffers alternate (one for
+    two pieces), so no launch reads what it writes.  Each piece reads column views of b and c and row
+    views of the initial state and writes row views of the final state: no input is copied.  Extra
+    traffic: one float32 (n, d) buffer written and read back per piece after the first.
     """
     r = p.b.shape[-1]
     if r <= max_r:
-        run(p)
+        run(p, None)
         return
-    total = torch.empty(p.out.shape, dtype=torch.float32, device=p.out.device)
-    part = torch.empty_like(total)
-    for start in range(0, r, max_r):
+    starts = range(0, r, max_r)
+    buffers = [torch.empty(p.out.shape, dtype=torch.float32, device=p.out.device)
+               for _ in range(min(2, len(starts) - 1))]
+    partial = None
+    for i, start in enumerate(starts):
         keys = slice(start, min(start + max_r, r))
+        out = p.out if i == len(starts) - 1 else buffers[i % 2]
         piece = dataclasses.replace(
-            p, b=p.b[..., keys], c=p.c[..., keys], out=total if start == 0 else part,
+            p, b=p.b[..., keys], c=p.c[..., keys], out=out,
             initial_state=None if p.initial_state is None else p.initial_state[:, :, keys],
             state=None if p.state is None else p.state[:, :, keys])
-        run(piece)
-        if start > 0:
-            total += part
-    p.out.copy_(total)
+        run(piece, partial)
+        partial = out

@@ -29,6 +29,8 @@ suffices (many batch·heads, or a short sequence) it is the lightning walk alone
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ...problem import Problem
@@ -45,14 +47,14 @@ def block_based_fwd(p: Problem, plan: Plan) -> None:
     """Launch the segment states and the segment-parallel chunk walk for ``p`` with the plan's
     configs and schedule (``seg_len``, ``split``, ``prefix``: :func:`space.schedule`); r > 256 in pieces of r
     (kernels/pieces.py)."""
-    in_r_pieces(p, WALK_MAX_R, lambda piece: _block_based_fwd(piece, plan))
+    in_r_pieces(p, WALK_MAX_R, lambda piece, partial: _block_based_fwd(piece, plan, partial))
 
 
-def _block_based_fwd(p: Problem, plan: Plan) -> None:
+def _block_based_fwd(p: Problem, plan: Plan, partial: Optional[torch.Tensor]) -> None:
     if plan.schedule["seg_len"] >= p.shape[2]:
-        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, plan.configs)
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, plan.configs, partial=partial)
         return
-    walk_segments(p, plan, local_states(p, plan))
+    walk_segments(p, plan, local_states(p, plan), partial=partial)
 
 
 def local_states(p: Problem, plan: Plan) -> torch.Tensor:
@@ -67,21 +69,22 @@ def local_states(p: Problem, plan: Plan) -> torch.Tensor:
     return segment_local_states(p, piece, plan.configs, count=None if p.state is not None else before_last)
 
 
-def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor) -> None:
+def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor, partial: Optional[torch.Tensor] = None) -> None:
     """The segment-parallel walk of ``p`` (r ≤ ``WALK_MAX_R``, a plan with ``seg_len < n``) from the
     local states ``ws`` (``segment_local_states`` of ``p``'s rows from a zero start, in the plan's
     pieces (``space.state_pieces``); without ``p.state``, those of the last segment's pieces may be
     missing): the start states from ``p.initial_state`` and ``ws`` (summed by each walk program, or by
     the scan kernel, which rewrites ``ws`` in place: a workspace walks once), then the walk.  Split
     from the local states so that a caller that needs them anyway (the sequence-parallel state pass,
-    leettriton/distributed.py) computes them once."""
+    leettriton/distributed.py) computes them once.  ``partial``: as :func:`launch_chunk_walk`'s (a piece of r)."""
     seg_len, config = plan.schedule["seg_len"], plan.configs
     if plan.schedule["prefix"]:
         # few segments: the walk sums each start state from the local states itself (no scan launch)
-        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True)
+        launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True,
+                          partial=partial)
     else:
         # the start state of every piece up to the last segment's first (all of them for the final state)
         piece, before_last = spaces.state_pieces(plan.schedule, p.shape[2])
         scan_segment_states(p, ws, piece, config, count=None if p.state is not None else before_last + 1)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len,
-                          sub=plan.schedule.get("split", 1))
+                          sub=plan.schedule.get("split", 1), partial=partial)

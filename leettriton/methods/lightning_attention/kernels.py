@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+import torch
 import triton
 import triton.language as tl
 
@@ -62,10 +63,11 @@ from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.pieces import in_r_pieces
 from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part,
-                            mma, pow2_at_least_16, problem_args, round_to, store_tile, two_part)
+                            mma, pow2_at_least_16, problem_args, reversed_rows, round_to, store_tile, strides,
+                            two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
-       "TWO_PART"]
+       "TWO_PART", "ACC"]
 
 
 @triton.jit
@@ -179,9 +181,9 @@ def _add_update(s, g_chunk, b_vd, b_vdt, c, PRECISION: tl.constexpr, TWO_PART: t
 def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS,
+    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
-    TWO_PART: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    TWO_PART: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
     # lives in NK [BV, BK] float32 register tiles s0..s3
@@ -220,6 +222,10 @@ def _chunk_walk_fwd_kernel(
     p_c += t_start64 * stride_cn
     p_v += t_start64 * stride_vn
     p_o += t_start64 * stride_on
+    # ACC (a piece of r after the first, kernels/pieces.py): the float32 sum of the pieces before this one,
+    # addressed as the output is, is added to each output tile before it is stored
+    stride_an, stride_ad = acc_strides[2], acc_strides[3]
+    p_a = head_ptr(acc_ptr, acc_strides, i_b, i_h) + t_start64 * stride_an
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -297,12 +303,16 @@ def _chunk_walk_fwd_kernel(
             b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
             b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION, TWO_PART)
         b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
+        if ACC:
+            b_acc = load_tile(p_a, o_v, o_t, stride_ad, stride_an, D, rows)  # [BV, BT], float32
 
         # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product, with
         # the rows' float16 scales undone); this chunk through the masked scores
         b_ot = b_ot * down[:, None] * row_decay[None, :]
         b_at = b_at * m_intra_t
         b_ot += mma(b_vt, round_to(b_at, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
+        if ACC:
+            b_ot += b_acc
         store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
 
         # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
@@ -321,6 +331,7 @@ def _chunk_walk_fwd_kernel(
         p_c += BT * stride_cn
         p_v += BT * stride_vn
         p_o += BT * stride_on
+        p_a += BT * stride_an
 
     # the final state: the walk of the last segment ends with it (of a packed sequence: its only walk)
     if STORE_STATE and VARLEN:
@@ -359,7 +370,7 @@ def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_opti
 
 
 WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr", "cu_ptr", "slot_ptr",
-                 "init_ptr")
+                 "init_ptr", "acc_ptr")
 """The chunk walk's tensor arguments.  Each walk kernel launches through its ``launches``
 (:class:`~leettriton.autotune.configs.CompiledLaunches`): a shape, strides, dtypes, flags and config
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
@@ -379,29 +390,31 @@ _varlen_walk_kernel = chunk_walk_kernel(spaces.VARLEN, compiled=False, restore_v
 
 
 def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[Mapping], *, ws=None,
-                      seg_len: Optional[int] = None, prefix: bool = False, sub: int = 1) -> None:
+                      seg_len: Optional[int] = None, prefix: bool = False, sub: int = 1,
+                      partial: Optional[torch.Tensor] = None) -> None:
     """Walk the chunks of ``p`` with ``kernel``: the whole sequence, or segments of ``seg_len`` rows.
 
     ``ws`` (``(B, H, NW, r, d)`` float32) holds the start states of pieces of ``seg_len / sub`` rows
     (from ``segment_start_states`` or the scan), segment s's at entry s·``sub``; or with ``prefix``
     (``sub`` = 1) the segments' local states (from ``segment_local_states``; the last segment's entry
     is not read): each program then sums its own start state and the last segment's programs write
-    the final state.
+    the final state.  ``partial`` (a piece of r after the first, kernels/pieces.py): the float32
+    ``(B, H, n, d)`` sum of the pieces before, added to the output before it is stored.
     """
     if prefix and sub != 1:
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
-    memo, mark = p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1])
+    memo, mark = p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype)
     if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
         # a call of a signature walked before: every argument but the tensors is what it was then (the
         # memo's signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds:
-        # the segments, and r, which differs between pieces of r)
+        # the segments, and r, the partial sum and the output's dtype, which differ between pieces of r)
         again = memo.get(mark)
         if again is not None:
             out = p.out
             stand_in = out if ws is None else ws
             if again((p.b, p.c, p.v, out, out if p.gamma is None else p.gamma,
                       out if p.initial_state is None else p.initial_state, out if p.state is None else p.state,
-                      stand_in, stand_in, stand_in, stand_in)):
+                      stand_in, stand_in, stand_in, stand_in, out if partial is None else partial)):
                 return
     B, H, n, r, d = p.shape
     args = problem_args(p)
@@ -416,10 +429,20 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
-                init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r), TWO_PART=two_part(p))
+                init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
+                TWO_PART=two_part(p), **partial_args(p, args, partial))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
+
+
+def partial_args(p: Problem, args: Mapping, partial: Optional[torch.Tensor]) -> dict:
+    """The walk's ``acc_ptr``, ``acc_strides`` and ``ACC`` for ``partial`` (or None: the output as an unread
+    stand-in), addressed as the output is: a reversed problem's from its last row (docs/design.md §10.3)."""
+    if partial is None:
+        return dict(acc_ptr=args["o_ptr"], acc_strides=args["o_strides"], ACC=False)
+    ptr, st = reversed_rows(partial) if p.reverse else (partial, strides(partial))
+    return dict(acc_ptr=ptr, acc_strides=st, ACC=True)
 
 
 WALK_MAX_R = 256
@@ -429,8 +452,8 @@ A wider r runs as pieces of r whose outputs are summed (kernels/pieces.py)."""
 
 def lightning_attention_fwd(p: Problem, plan: Plan) -> None:
     """Launch the fused chunk walk for ``p`` with the plan's configs (r > 256: in pieces of r)."""
-    in_r_pieces(p, WALK_MAX_R, lambda piece: launch_chunk_walk(_lightning_attention_fwd_kernel, spaces.FWD,
-                                                               piece, plan.configs))
+    in_r_pieces(p, WALK_MAX_R, lambda piece, partial: launch_chunk_walk(_lightning_attention_fwd_kernel, spaces.FWD,
+                                                                        piece, plan.configs, partial=partial))
 
 
 def launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping] = None) -> None:
@@ -439,10 +462,10 @@ def launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping] = None) -> No
 
     ``config`` maps the space name to a config (None: autotune).  r > 256 runs in pieces of r.
     """
-    in_r_pieces(p, WALK_MAX_R, lambda piece: _launch_varlen_walk(piece, config))
+    in_r_pieces(p, WALK_MAX_R, lambda piece, partial: _launch_varlen_walk(piece, config, partial))
 
 
-def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping]) -> None:
+def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Optional[torch.Tensor]) -> None:
     B, H, n, r, d = p.shape
     seqs = p.num_seqs
     args = problem_args(p)
@@ -454,4 +477,4 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping]) -> None:
            SUB=1, cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
            init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
            SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
-           TWO_PART=False)
+           TWO_PART=False, **partial_args(p, args, partial))

@@ -104,6 +104,8 @@ WIDE = [
     Case(1, 2, 10, 24, 600, dtype=torch.float16, layout="bnhd", gamma="tensor", gammas=(0.99, 0.5)),
     Case(1, 1, 9, 513, 130, dtype=torch.bfloat16, noncontiguous=True, gamma=1.0, initial=True,
          return_state=True),                                                 # three pieces, the last 1 wide
+    Case(1, 2, 7, 768, 9, layout="bnhd", gamma=0.95, initial=True, return_state=True),  # three pieces of 256: two
+                                                                          # write float32 buffers, the last the strided output
     Case(1, 2, 16 if not HAS_GPU else 300, 256, 512, dtype=torch.float16, gamma="tensor", gammas=(0.97, 0.999),
          initial=True, return_state=True),                                   # RetNet-1.3B's head
 ]

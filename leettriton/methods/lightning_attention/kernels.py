@@ -403,11 +403,13 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     """
     if prefix and sub != 1:
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
-    memo, mark = p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype)
+    memo, mark = (p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype,
+                           p.out.stride()))
     if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
         # a call of a signature walked before: every argument but the tensors is what it was then (the
         # memo's signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds:
-        # the segments, and r, the partial sum and the output's dtype, which differ between pieces of r)
+        # the segments; and r, whether a partial sum is added, and the output's dtype and strides, which
+        # differ between pieces of r: a float32 buffer, or the caller's output)
         again = memo.get(mark)
         if again is not None:
             out = p.out

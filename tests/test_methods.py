@@ -15,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import leettriton
+from leettriton.kernels.pieces import in_r_pieces
+from leettriton.problem import make_problem
 from conftest import DEVICE, HAS_GPU
 from helpers import Case, assert_close, magnitudes, tolerance
 
@@ -104,8 +106,8 @@ WIDE = [
     Case(1, 2, 10, 24, 600, dtype=torch.float16, layout="bnhd", gamma="tensor", gammas=(0.99, 0.5)),
     Case(1, 1, 9, 513, 130, dtype=torch.bfloat16, noncontiguous=True, gamma=1.0, initial=True,
          return_state=True),                                                 # three pieces, the last 1 wide
-    Case(1, 2, 7, 768, 9, layout="bnhd", gamma=0.95, initial=True, return_state=True),  # three pieces of 256: two
-                                                                          # write float32 buffers, the last the strided output
+    # three pieces of 256: the first two write float32 buffers of one shape and strides, the last the strided output
+    Case(1, 2, 7, 768, 9, layout="bnhd", gamma=0.95, initial=True, return_state=True),
     Case(1, 2, 16 if not HAS_GPU else 300, 256, 512, dtype=torch.float16, gamma="tensor", gammas=(0.97, 0.999),
          initial=True, return_state=True),                                   # RetNet-1.3B's head
 ]
@@ -124,8 +126,6 @@ def test_pieces_of_r_chain_through_float32_partials(r, widths):
     sum, each later one the previous piece's float32 output; only the last writes the caller's output; and
     no launch reads the buffer it writes (a launch run again, as an autotuning trial runs it, gives the
     same result)."""
-    from leettriton.kernels.pieces import in_r_pieces
-    from leettriton.problem import make_problem
     case = Case(1, 2, 5, r, 3, dtype=torch.float16, gamma=0.9, initial=True, return_state=True)
     b, c, v, _, s0 = case.tensors(DEVICE)
     p, out = make_problem(b, c, v, 0.9, initial_state=s0, return_state=True)

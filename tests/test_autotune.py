@@ -106,6 +106,22 @@ def test_chunk_walk_space_on_sm90_puts_64_row_chunks_first_for_16bit_only():
     assert all(cfg["num_stages"] == 2 for cfg in wide if cfg["BT"] == 64)
 
 
+def test_segment_state_space_on_sm90_holds_all_of_r_in_one_tile_only_past_128():
+    from leettriton.kernels import segments_space
+
+    def tiles(dtype, r, d):
+        args = {"R": r, "D": d, "v_ptr": torch.empty(1, dtype=dtype)}
+        return {(cfg["BK"], cfg["BV"], cfg["num_warps"]) for cfg in segments_space.STATE.usable(FAMILIES["h100"], args)}
+
+    assert (256, 128, 8) in tiles(torch.float16, 256, 512) and (256, 128, 8) in tiles(torch.bfloat16, 1024, 1024)
+    assert (128, 128, 8) in tiles(torch.float16, 256, 512)
+    # no tile wider than r, and none past 64 accumulator registers a thread but the 8-warp 256 × 128 one
+    assert max(bk for bk, _, _ in tiles(torch.float16, 128, 128)) == 128
+    assert all(bk * bv // (32 * w) <= 64 or (bk, bv, w) == (256, 128, 8) for bk, bv, w in tiles(torch.float16, 256, 512))
+    # float32 operands: 64 × 64 tiles at most, whatever r
+    assert all(bk * bv <= 64 * 64 for bk, bv, _ in tiles(torch.float32, 256, 512))
+
+
 def test_block_based_segments_follow_the_walk_config_s_occupancy():
     """A walk config that leaves room for one program per SM gets segments for one program per SM (half
     as many, twice as long); the autotuner times a segmented walk only with configs of the reference

@@ -16,13 +16,19 @@ def _state_fits(cfg, args) -> bool:
     if elem_bytes(args) == 4:
         # float32 tiles (and, for "ieee", CUDA-core products) spill beyond 64 × 64 states and 64-row steps
         return cfg["BK"] * cfg["BV"] <= 64 * 64 and cfg["BT"] <= 64
-    return regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"]) <= 64
+    # up to 64 accumulator registers a thread; the 8-warp 256 × 128 tile (r > 128 only) holds 128
+    return regs_per_thread(cfg["BK"] * cfg["BV"], cfg["num_warps"]) <= (128 if cfg["BK"] > 128 else 64)
 
 
 # sm_90: one warpgroup with state tiles up to 128 × 64, or two with 128 × 128 (a quarter of the programs
-# at r = 256, d = 512, each re-reading c and v half as often)
+# at r = 256, d = 512, each re-reading c and v half as often), or with 256 × 128 at r > 128: all of r in
+# one program, c read once per value tile.  At RetNet-1.3B's layer (8 heads, r = 256, d = 512, float16,
+# H100) the 256 × 128 tiles took block_based from 0.216 to 0.211 ms at 1 × 8192, 0.779 to 0.761 at
+# 1 × 32768 and 0.427 to 0.394 at 2 × 8192 (the state pass in two pieces: 0.083 to 0.056 ms);
+# 256-wide value tiles and 2 stages were slower (perf/results/h100/state_configs.log)
 _SM90 = [dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
-         dict(BT=[64], BK=[128], BV=[128], num_warps=[8], num_stages=[2, 3])]
+         dict(BT=[64], BK=[128], BV=[128], num_warps=[8], num_stages=[2, 3]),
+         dict(BT=[64], BK=[256], BV=[128], num_warps=[8], num_stages=[3])]
 
 STATE = KernelSpace(
     name="segments.state",

@@ -580,8 +580,11 @@ def test_host_overhead_script_on_cpu():
     import subprocess
     import sys
 
+    # the repository's root on the child's path, so that it imports this tree whether or not it is installed
+    root = os.path.dirname(PERF)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     res = subprocess.run([sys.executable, os.path.join(PERF, "host_overhead.py"), "--device", "cpu", "--calls", "20",
-                          "--n", "256", "--heads", "2"], capture_output=True, text=True, timeout=600)
+                          "--n", "256", "--heads", "2"], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert "launches stubbed, family h100" in lines[0]

@@ -23,9 +23,10 @@ def _state_fits(cfg, args) -> bool:
 # sm_90: one warpgroup with state tiles up to 128 × 64, or two with 128 × 128 (a quarter of the programs
 # at r = 256, d = 512, each re-reading c and v half as often), or with 256 × 128 at r > 128: all of r in
 # one program, c read once per value tile.  At RetNet-1.3B's layer (8 heads, r = 256, d = 512, float16,
-# H100) the 256 × 128 tiles took block_based from 0.216 to 0.211 ms at 1 × 8192, 0.779 to 0.761 at
-# 1 × 32768 and 0.427 to 0.394 at 2 × 8192 (the state pass in two pieces: 0.083 to 0.056 ms);
-# 256-wide value tiles and 2 stages were slower (perf/results/h100/state_configs.log)
+# H100, both kernels' configs pinned) the 256 × 128 tiles took block_based from 0.216 to 0.211 ms at
+# 1 × 8192, 0.779 to 0.761 at 1 × 32768 and 0.427 to 0.394 at 2 × 8192 (the state pass in two pieces:
+# 0.083 to 0.056 ms); 256-wide value tiles and 2 stages were slower (perf/results/h100/state_configs.log).
+# The tuner times this kernel alone, where the tiles tie at 1 × 8192: h100.json keeps 128 × 64 there
 _SM90 = [dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
          dict(BT=[64], BK=[128], BV=[128], num_warps=[8], num_stages=[2, 3]),
          dict(BT=[64], BK=[256], BV=[128], num_warps=[8], num_stages=[3])]

@@ -17,7 +17,10 @@
    r = d = 64) at sequence lengths the tune grid does not hold: ``auto`` (the heuristic file's method
    and config, no tuning on the call path) and every Triton method (each autotuned for the shape: the
    autotuners' caches are cleared before each shape) timed in the same run; a method 10× slower than
-   the best is not run at the larger n of its series.
+   the best is not run at the larger n of its series.  Then ``auto`` and every method within 1.25× of the
+   sweep's best are timed again in five alternating rounds, and each figure is the median of its rounds
+   (:func:`confirm_rounds`); a row records auto's configs and the configs the best method's autotuners
+   chose.
    Target: auto within 10% of the best on ≥ 90% of the shapes, never worse than 1.5×.
 2. Cold start, each in a fresh process with an empty Triton cache: the wall time of the first ``auto``
    call at a new shape (compile included), then of a second call at another n (no recompile, no
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,6 +102,56 @@ def shapes(quick: bool, dtypes):
 def _key(row) -> tuple:
     return (row["dtype"], row["decay"], row.get("heads", HEADS), row.get("r", 128), row.get("d", 128),
             row["batch"], row["n"])
+
+
+AUTO = "auto"
+
+CONTENDER = 1.25
+"""Methods within this factor of the best in the sweep are timed again beside ``auto`` (:func:`confirm_rounds`)."""
+
+ROUNDS = 5
+"""Alternating rounds of :func:`confirm_rounds`."""
+
+ROUND_MS = 20.0
+"""``do_bench`` repetition time of one call's timing in a round."""
+
+
+def confirm_rounds(calls, rounds: int = ROUNDS, rep_ms: float = ROUND_MS, timer=None) -> dict:
+    """{name: median ms} of each of ``calls`` ({name: fn}) over ``rounds`` rounds, each round timing every
+    call once in turn (``timer(fn, rep_ms)`` → ms; ``time_ms``'s median by default).
+
+    The cells take 0.04-2 ms, and one ``do_bench`` of the same config moves by up to 0.04 ms between
+    timings a minute apart (perf/results/h100/bench_auto64_runs.log): alternating the calls puts ``auto``
+    and the methods it is compared with under the same conditions, and the median of the rounds drops a
+    round that met a slow spell."""
+    timer = timer or (lambda fn, ms: time_ms(fn, rep_ms=ms, warm=False)[0])
+    for fn in calls.values():
+        fn()  # compiled and tuned before the first round
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            samples[name].append(timer(fn, rep_ms))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _plain(configs):
+    """A plan's configs ({space: config} mappings, or None) as plain dicts for the JSON file."""
+    return None if configs is None else {space: dict(config) for space, config in configs.items()}
+
+
+def tuned_configs(call) -> dict:
+    """{kernel space: config} that ``call`` launches with (its autotuners' choices at this shape), by
+    recording one call."""
+    from leettriton.autotune import chosen_config, recording
+
+    with recording() as log:
+        call()
+    configs = {}
+    for kernel, _args in log:
+        config = chosen_config(kernel)
+        if config is not None:
+            configs[kernel.space.name] = config
+    return configs
 
 
 SLOWER_TO_DROP = 10.0
@@ -177,7 +231,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
         dtype = getattr(torch, dt)
         b, c, v = make_inputs(batch, heads, n, r, d, dtype, "cuda", seed=n)
         gamma = decay_gammas(heads, "cuda") if dec else None
-        chosen = leettriton.plan.choose(leettriton.problem.make_problem(b, c, v, gamma)[0])[0]
+        chosen, chosen_configs = leettriton.plan.choose(leettriton.problem.make_problem(b, c, v, gamma)[0])
         times = {}
         os.environ["LEETTRITON_AUTOTUNE"] = "1"
         for kernel in KERNELS.values():
@@ -192,13 +246,21 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 times[m] = None
-        t_auto = time_ms(lambda: leettriton.linear_attention(b, c, v, gamma), rep_ms=50)[0]
         timed = {m: t for m, t in times.items() if t is not None}
-        best = min(timed, key=timed.get)
-        dropped.setdefault(series, set()).update(m for m, t in timed.items() if t > SLOWER_TO_DROP * timed[best])
+        swept = min(timed, key=timed.get)
+        dropped.setdefault(series, set()).update(m for m, t in timed.items() if t > SLOWER_TO_DROP * timed[swept])
+        # auto and the methods near the sweep's best, timed again in alternating rounds (each method still
+        # holds the config its autotuner chose at this shape)
+        contenders = sorted(m for m, t in timed.items() if t <= CONTENDER * timed[swept])
+        calls = {AUTO: lambda: leettriton.linear_attention(b, c, v, gamma)}
+        calls.update({m: (lambda m=m: leettriton.linear_attention(b, c, v, gamma, method=m)) for m in contenders})
+        rounds = confirm_rounds(calls)
+        t_auto = rounds.pop(AUTO)
+        best = min(rounds, key=rounds.get)
         row = dict(dtype=dt, decay=dec, bh=batch * heads, batch=batch, heads=heads, n=n, r=r, d=d, auto_ms=t_auto,
-                   auto_method=chosen, best_method=best, best_ms=timed[best], ratio=t_auto / timed[best],
-                   times_ms=times)
+                   auto_method=chosen, best_method=best, best_ms=rounds[best], ratio=t_auto / rounds[best],
+                   times_ms=times, rounds_ms=rounds, auto_configs=_plain(chosen_configs),
+                   best_configs=tuned_configs(lambda: leettriton.linear_attention(b, c, v, gamma, method=best)))
         rows.append(row)
         print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
               f"ratio {row['ratio']:.2f}", flush=True)

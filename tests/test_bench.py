@@ -542,6 +542,28 @@ def test_bench_auto_widths_keep_only_their_layers_shapes():
             mod.parse_widths(bad)
 
 
+def test_bench_auto_confirm_rounds_alternate_the_calls_and_keep_each_ones_median():
+    """``confirm_rounds``: every call runs once before the first round, then the rounds time the calls in
+    turn (a, b, a, b, ...), and each call's figure is the median of its rounds, so one slow round of
+    either side does not decide the ratio."""
+    mod = _script("bench_auto")
+    ran, timed = [], []
+    calls = {"auto": lambda: ran.append("auto"), "block_based": lambda: ran.append("block_based")}
+    slow = {("auto", 1): 9.0, ("block_based", 3): 7.0}   # one slow spell for each, in different rounds
+    counts = {}
+
+    def timer(fn, rep_ms):
+        name = next(n for n, f in calls.items() if f is fn)
+        k = counts[name] = counts.get(name, 0) + 1
+        timed.append((name, rep_ms))
+        return slow.get((name, k), {"auto": 1.0 + k / 100, "block_based": 2.0}[name])
+
+    out = mod.confirm_rounds(calls, rounds=5, rep_ms=3.0, timer=timer)
+    assert ran == ["auto", "block_based"]
+    assert timed == [("auto", 3.0), ("block_based", 3.0)] * 5
+    assert out == {"auto": 1.04, "block_based": 2.0}   # auto: median of 9, 1.02, 1.03, 1.04, 1.05
+
+
 @pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])

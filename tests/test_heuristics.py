@@ -373,3 +373,72 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
     ran.clear()
     ms, config = tune._time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 2.0 and config.get(walk) not in (slow, fast) and config == ran[1]
+
+
+def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen_ones(monkeypatch):
+    """``Method.whole_call``: after the autotuned choice, each other config of block_based's segment-state
+    kernel that fits its launch runs in the whole call with the walk's chosen config pinned beside it, and
+    the fastest is kept; where that kernel does not run (one segment), nothing more is timed."""
+    import dataclasses
+    import triton.testing
+    from leettriton import registry
+
+    method = registry.builtin("block_based")
+    state = method.whole_call[0]
+    assert state.name == "segments.state"
+    seen_args = []
+    wide, narrow = dict(BT=64, BK=256, BV=128, num_warps=8, num_stages=3), dict(BT=64, BK=64, BV=32, num_warps=4,
+                                                                               num_stages=2)
+
+    class Space:   # the state space as a GPU family would list it for this launch
+        name = state.name
+
+        @staticmethod
+        def usable(family, args):
+            seen_args.append(args)
+            return [wide, dict(state.cpu), narrow]
+
+    monkeypatch.setattr(tune.registry, "builtin", lambda name: dataclasses.replace(
+        method, alternatives=lambda p, family: [], whole_call=(Space,)))
+    ran = []
+    real_run = tune.run_problem
+
+    def run(p, name, config=None):
+        ran.append(config)
+        if config is None:
+            real_run(p, name)
+    monkeypatch.setattr(tune, "run_problem", run)
+    times = {None: 2.0, "wide": 1.5, "narrow": 3.0}
+
+    real_bench = triton.testing.do_bench
+
+    def bench(fn, **kwargs):
+        if "quantiles" in kwargs:
+            return real_bench(fn, **kwargs)
+        fn()
+        cfg = ran[-1].get(state.name)
+        return times["wide" if cfg == wide else "narrow" if cfg == narrow else None]
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    b, c, v, gamma, _ = Case(1, 1, 64, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)   # two segments
+    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    chosen = ran[1]   # the autotuned call's configs, as timed
+    assert set(chosen) >= {method.spaces[0].name, state.name}
+    assert ms == 1.5 and config == {**chosen, state.name: wide}
+    # the autotuned call, its timing, then each other state config: compiled, then timed, the walk's pinned
+    assert chosen[state.name] == dict(state.cpu)
+    assert ran[2:] == [{**chosen, state.name: cfg} for cfg in (wide, wide, narrow, narrow)]
+    assert len(seen_args) == 1 and seen_args[0]["R"] == 8 and seen_args[0]["SEG"] < 64
+
+    times["wide"] = 2.5   # no other config beats the chosen one: it stays
+    ran.clear()
+    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    assert ms == 2.0 and config == ran[1]
+
+    ran.clear()
+    seen_args.clear()
+    b, c, v, gamma, _ = Case(1, 1, 32, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)   # one segment
+    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    assert ms == 2.0 and state.name not in config and len(ran) == 2 and not seen_args

@@ -62,6 +62,10 @@ class Method:
         alternatives: ``alternatives(problem, family) -> [configs]``: pinned configs (space name →
             config) that the tuner times besides the autotuned choice, each under the schedule its
             own configs give (the autotuner times every config under one schedule).
+        whole_call: spaces of kernels whose configs the tuner also times in the whole call: after the
+            autotuned choice (and the alternatives), each other config of such a kernel that fits its
+            launch, pinned beside the chosen configs of the others (an autotuner times its kernel
+            alone, which can rank configs differently: leettriton/tune.py, ``_refined``).
         runs_reversed: ``launch`` runs a reversed problem (``Problem.reverse``, docs/design.md §10.3)
             correctly: every kernel it launches takes b, c, v and the output from ``problem_args``,
             and the launcher cuts the sequence only through ``Problem.rows``.  A method without it
@@ -74,4 +78,5 @@ class Method:
     torch_twin: Callable[[Problem], None]
     schedule: Callable[[Problem, Family, Optional[Mapping]], Mapping[str, Any]] = no_schedule
     alternatives: Callable[[Problem, Family], Sequence[Mapping[str, Mapping[str, int]]]] = no_alternatives
+    whole_call: tuple[KernelSpace, ...] = ()
     runs_reversed: bool = False

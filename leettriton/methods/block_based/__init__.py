@@ -16,5 +16,6 @@ METHOD = Method(
     torch_twin=block_based_torch,
     schedule=space.schedule,
     alternatives=space.alternatives,
+    whole_call=(SEGMENTS.STATE,),
     runs_reversed=True,
 )

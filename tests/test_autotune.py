@@ -115,6 +115,12 @@ def test_segment_state_space_on_sm90_holds_all_of_r_in_one_tile_only_past_128():
 
     assert (256, 128, 8) in tiles(torch.float16, 256, 512) and (256, 128, 8) in tiles(torch.bfloat16, 1024, 1024)
     assert (128, 128, 8) in tiles(torch.float16, 256, 512)
+    # the 256 × 128 tile with 3 and 4 stages, the deeper one within the family's shared memory
+    wide = [cfg for cfg in segments_space.STATE.usable(FAMILIES["h100"], {"R": 256, "D": 512, "v_ptr": torch.empty(
+        1, dtype=torch.float16)}) if cfg["BK"] == 256]
+    assert sorted(cfg["num_stages"] for cfg in wide) == [3, 4]
+    assert max(segments_space.STATE.smem(cfg, {"v_ptr": torch.empty(1, dtype=torch.float16)}) for cfg in wide) \
+        <= FAMILIES["h100"].smem_per_block
     # no tile wider than r, and none past 64 accumulator registers a thread but the 8-warp 256 × 128 one
     assert max(bk for bk, _, _ in tiles(torch.float16, 128, 128)) == 128
     assert all(bk * bv // (32 * w) <= 64 or (bk, bv, w) == (256, 128, 8) for bk, bv, w in tiles(torch.float16, 256, 512))

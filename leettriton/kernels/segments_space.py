@@ -26,10 +26,14 @@ def _state_fits(cfg, args) -> bool:
 # H100, both kernels' configs pinned) the 256 × 128 tiles took block_based from 0.216 to 0.211 ms at
 # 1 × 8192, 0.779 to 0.761 at 1 × 32768 and 0.427 to 0.394 at 2 × 8192 (the state pass in two pieces:
 # 0.083 to 0.056 ms); 256-wide value tiles and 2 stages were slower (perf/results/h100/state_configs.log).
-# The tuner times this kernel alone, where the tiles tie at 1 × 8192: h100.json keeps 128 × 64 there
+# The tuner times this kernel alone, where the tiles tie at 1 × 8192, and then in the whole call
+# (Method.whole_call).  A fourth stage (192 KB of tiles) took the 256 × 128 pass from 0.0524 to 0.0499 ms at
+# 1 × 8192, 0.1589 to 0.1551 at 1 × 32768 and 0.0567 to 0.0548 at 2 × 8192, and the whole call 0.212 to
+# 0.209 at 1 × 8192; 32-row steps with 4-8 stages and deeper pipelines of the smaller tiles were no faster
+# (perf/results/h100/state_stages.log)
 _SM90 = [dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
          dict(BT=[64], BK=[128], BV=[128], num_warps=[8], num_stages=[2, 3]),
-         dict(BT=[64], BK=[256], BV=[128], num_warps=[8], num_stages=[3])]
+         dict(BT=[64], BK=[256], BV=[128], num_warps=[8], num_stages=[3, 4])]
 
 STATE = KernelSpace(
     name="segments.state",

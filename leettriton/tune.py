@@ -41,7 +41,7 @@ from . import registry
 from .methods import BUILTIN_METHODS
 from .plan import run_problem
 from .problem import MAX_DIM, make_problem
-from .autotune import KERNELS, chosen_config, current_family, recording
+from .autotune import KERNELS, chosen_configs, current_family, recording
 from .autotune.families import FAMILIES
 from .autotune.heuristics import FORMAT, default_path
 from .bench.inputs import decay_gammas
@@ -116,12 +116,14 @@ def _refined(p, method: str, spaces, family, ms: float, config: dict, launched: 
     return ms, config
 
 
-def _whole_call_ms(p, method: str, config: dict) -> float:
-    """Median ms of ``method`` on ``p`` with every kernel's config pinned (as ``auto`` launches it)."""
+def _whole_call_ms(p, method: str, config: dict, *, compile_first: bool = True) -> float:
+    """Median ms of ``method`` on ``p`` with every kernel's config pinned (as ``auto`` launches it),
+    after one untimed call that compiles what has not been (``compile_first``)."""
     from triton.testing import do_bench
 
-    run_problem(p, method, config)   # compiled before it is timed
-    torch.cuda.synchronize()
+    if compile_first:
+        run_problem(p, method, config)
+        torch.cuda.synchronize()
     return do_bench(lambda: run_problem(p, method, config), warmup=10, rep=40, return_mode="median")
 
 
@@ -129,23 +131,17 @@ def _tuned(p, method: str, pinned: dict, clear: bool):
     """(median ms, configs, launched) of ``method`` on ``p`` with the ``pinned`` configs and every other
     kernel autotuned (afresh with ``clear``), timed exactly as ``auto`` will launch them: all configs
     pinned.  ``launched``: {kernel space name: the named arguments of its launch}."""
-    from triton.testing import do_bench
-
     if clear:
         for kernel in KERNELS.values():
             kernel.cache.clear()
     with recording() as log:
         run_problem(p, method, pinned or None)   # tunes (first meeting of this key) and compiles
     torch.cuda.synchronize()
-    config = dict(pinned)
+    config = {**chosen_configs(log), **pinned}
     launched = {}
     for kernel, args in log:
         launched.setdefault(kernel.space.name, args)
-        chosen = chosen_config(kernel)
-        if chosen is not None and kernel.space.name not in pinned:
-            config[kernel.space.name] = chosen
-    ms = do_bench(lambda: run_problem(p, method, config), warmup=10, rep=40, return_mode="median")
-    return ms, config, launched
+    return _whole_call_ms(p, method, config, compile_first=False), config, launched
 
 
 def _ints(text: str, what: str) -> list[int]:

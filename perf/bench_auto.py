@@ -142,16 +142,11 @@ def _plain(configs):
 def tuned_configs(call) -> dict:
     """{kernel space: config} that ``call`` launches with (its autotuners' choices at this shape), by
     recording one call."""
-    from leettriton.autotune import chosen_config, recording
+    from leettriton.autotune import chosen_configs, recording
 
     with recording() as log:
         call()
-    configs = {}
-    for kernel, _args in log:
-        config = chosen_config(kernel)
-        if config is not None:
-            configs[kernel.space.name] = config
-    return configs
+    return chosen_configs(log)
 
 
 SLOWER_TO_DROP = 10.0

@@ -326,6 +326,17 @@ def chosen_config(kernel) -> dict[str, int] | None:
     return None if best is None else config_dict(best)
 
 
+def chosen_configs(log) -> dict[str, dict[str, int]]:
+    """{kernel space name: the config its autotuner ran last} for the kernels of a :func:`recording` log
+    (those whose autotuner has run)."""
+    configs = {}
+    for kernel, _args in log:
+        chosen = chosen_config(kernel)
+        if chosen is not None:
+            configs[kernel.space.name] = chosen
+    return configs
+
+
 _DATA_PTR = torch.Tensor.data_ptr
 # The current device (Triton launches on it) and its current stream, as Triton's own launch path reads them;
 # looked up on first use (a CPU build of torch has neither).  perf/host_overhead.py replaces both, and

@@ -339,7 +339,8 @@ def main(argv=None) -> int:
         within = sum(r["ratio"] <= 1.10 for r in rows)
         worst = max((r["ratio"] for r in rows), default=None)
         planned = planned_shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None, opts.shard, opts.rd)
-        meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
+        meta.update(git_shas=sorted({str(row["git_sha"]) for row in rows}),
+                within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
                     dtypes=sorted({shape[0] for shape in planned}))
         if cold is not None:
             meta.update(cold_start=cold)
@@ -356,7 +357,8 @@ def main(argv=None) -> int:
 
 def merge(paths, out: str) -> int:
     """One bench_auto file from the rows of several runs on the same GPU model (their shapes in
-    :func:`shapes` order; a shape measured twice keeps the last run's row)."""
+    :func:`shapes` order; a shape measured twice keeps the last run's row).  Each row records the commit
+    its run measured (``git_sha``, kept from an earlier merge), the meta ``git_shas`` all of them."""
     runs = []
     for path in paths:
         with open(path) as f:
@@ -364,7 +366,9 @@ def merge(paths, out: str) -> int:
     devices = {run["meta"].get("device") for run in runs}
     if len(devices) != 1:
         raise SystemExit(f"--merge: the runs were measured on different GPUs: {sorted(map(str, devices))}")
-    by_key = {_key(row): row for run in runs for row in run["rows"]}
+    # each row keeps the commit its run measured (a merged file may join runs of several commits)
+    by_key = {_key(row): dict(row, git_sha=row.get("git_sha", run["meta"].get("git_sha")))
+              for run in runs for row in run["rows"]}
     order = {key: i for i, key in enumerate(
         (dt, dec, heads, r, d, batch, n) for dt, dec, heads, r, d, batch, n in shapes(False, None))}
     rows = sorted(by_key.values(), key=lambda row: order.get(_key(row), len(order)))
@@ -374,7 +378,8 @@ def merge(paths, out: str) -> int:
     # measures again shapes of another must not count them twice)
     dtypes = sorted({dt for run in runs for dt in run["meta"].get("dtypes") or []}
                     | {row["dtype"] for run in runs for row in run["rows"]})
-    meta.update(within_10pct=f"{sum(r['ratio'] <= 1.10 for r in rows)}/{len(rows)}",
+    meta.update(git_shas=sorted({str(row["git_sha"]) for row in rows}),
+                within_10pct=f"{sum(r['ratio'] <= 1.10 for r in rows)}/{len(rows)}",
                 worst_ratio=max((r["ratio"] for r in rows), default=None),
                 shapes_planned=len(shapes(False, dtypes)), dtypes=dtypes)
     cold = next((run["meta"]["cold_start"] for run in runs if run["meta"].get("cold_start")), None)

@@ -476,7 +476,7 @@ def _script(name):
 def test_bench_auto_merge_keeps_the_later_row_and_plans_each_shape_once(tmp_path):
     """``bench_auto.py --merge`` of a float16 run, a bfloat16 run and a second float16 run of some of its
     shapes (``--resume``): the later row wins, and the planned shapes are those of one full run of the two
-    dtypes, not the sum of the runs' own counts."""
+    dtypes, not the sum of the runs' own counts; each row names its run's commit."""
     mod = _script("bench_auto")
     planned16, planned_bf = (mod.shapes(False, [dt]) for dt in ("float16", "bfloat16"))
 
@@ -503,6 +503,13 @@ def test_bench_auto_merge_keeps_the_later_row_and_plans_each_shape_once(tmp_path
     assert merged["meta"]["shapes_planned"] == len(mod.shapes(False, ["bfloat16", "float16"]))
     assert merged["meta"]["within_10pct"] == f"{1 + len(planned_bf)}/{len(rows)}"
     assert merged["meta"]["git_sha"] == "c" and merged["meta"]["dtypes"] == ["bfloat16", "float16"]
+    # each row names the commit of its own run, and a merge of the merged file keeps them
+    assert rows[planned16[0]]["git_sha"] == "c" and rows[planned16[1]]["git_sha"] == "a"
+    assert rows[planned_bf[0]]["git_sha"] == "b" and merged["meta"]["git_shas"] == ["a", "b", "c"]
+    later = run("d", [row(planned_bf[0], 1.0)], planned_bf)
+    assert mod.merge([str(tmp_path / "out" / "x" / "bench_auto.json"), later], str(tmp_path / "again")) == 0
+    again_rows = json.loads((tmp_path / "again" / "x" / "bench_auto.json").read_text())["rows"]
+    assert {r["git_sha"] for r in again_rows} == {"a", "b", "c", "d"}
 
 
 def test_bench_auto_shards_split_the_series_whole_and_cover_every_shape_once():

@@ -339,8 +339,7 @@ def main(argv=None) -> int:
         within = sum(r["ratio"] <= 1.10 for r in rows)
         worst = max((r["ratio"] for r in rows), default=None)
         planned = planned_shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None, opts.shard, opts.rd)
-        meta.update(git_shas=sorted({str(row["git_sha"]) for row in rows}),
-                within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
+        meta.update(within_10pct=f"{within}/{len(rows)}", worst_ratio=worst, shapes_planned=len(planned),
                     dtypes=sorted({shape[0] for shape in planned}))
         if cold is not None:
             meta.update(cold_start=cold)

@@ -1,6 +1,6 @@
 """Everything GPU-specific: families, config spaces, the autotune wrapper, heuristic files."""
-from .configs import (KERNELS, KernelSpace, autotune, autotune_enabled, chosen_config, chosen_configs, config_dict, launch,
-                      recording)
+from .configs import (KERNELS, KernelSpace, autotune, autotune_enabled, chosen_config, chosen_configs, config_dict,
+                      launch, recording)
 from .families import FAMILIES, Family, current_family, is_interpreting
 
 __all__ = ["FAMILIES", "Family", "current_family", "is_interpreting", "KernelSpace", "autotune",

@@ -223,6 +223,10 @@ def merge(out: str, family: str, shards: list) -> int:
 
 
 def _save(path: str, doc: dict) -> None:
+    """Write ``doc`` with its points in the order of their keys (dtype, decay, r, d, batch·heads, n): a point
+    measured again stays where it was, so a retune's diff shows the points that changed and no others
+    (the lookup does not depend on the order: ``Heuristics.lookup``)."""
+    doc = dict(doc, points=sorted(doc["points"], key=_point_key))
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=False)

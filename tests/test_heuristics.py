@@ -56,6 +56,17 @@ def test_lookup_exact_and_nearest(tmp_path):
     assert h.lookup("bfloat16", True, 128, 128, 32, 1024) is None                   # no such dtype
 
 
+@pytest.mark.parametrize("flip", [False, True])
+def test_a_shape_halfway_between_points_gets_the_smaller_whatever_the_file_s_order(tmp_path, flip):
+    points = [point(n=2048, best="vanilla"), point(n=8192, best="block_based"),
+              point(r=64, n=1024, best="fleet_attention"), point(r=256, n=1024, best="recursion")]
+    h = read_heuristics(write(tmp_path, points[::-1] if flip else points), methods=leettriton.METHODS)
+    assert h.lookup("float16", True, 128, 128, 32, 4096)[0] == "vanilla"           # 2048 | 8192 in log2 n
+    assert h.lookup("float16", True, 128, 128, 32, 5000)[0] == "block_based"       # nearer 8192
+    # three points at the same distance (n 2048; r 64; r 256): the smallest r, d, batch·heads, n
+    assert h.lookup("float16", True, 128, 128, 32, 1024)[0] == "fleet_attention"
+
+
 @pytest.mark.parametrize("content,why", [
     ("{not json", "is not valid JSON"),
     ('{"format": "something-else"}', "is not a leettriton heuristic file"),
@@ -276,6 +287,28 @@ def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, 
     assert by_n[32]["times_ms"] == {"vanilla": 6.0, "block_based": 4.0}
     assert doc["measured"]["git_sha"] == "bbbbbbb"
     assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 2   # the reader takes the new fields
+
+
+def test_tune_writes_the_points_in_key_order_and_a_point_measured_again_keeps_its_place(tmp_path, monkeypatch):
+    out = str(tmp_path / "h100.json")
+    calls = []
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 2.0}, calls)
+    assert tune.main(_tiny_grid(out, "both", "vanilla,block_based") + ["--n", "32,16"]) == 0
+    keys = [(p["decay"], p["n"]) for p in json.loads(open(out).read())["points"]]
+    assert keys == [(False, 16), (False, 32), (True, 16), (True, 32)]
+    before = open(out).read().splitlines()
+    _stand_in_tuner(monkeypatch, "bbbbbbb", {"vanilla": 3.0, "block_based": 2.0}, calls)
+    assert tune.main(_tiny_grid(out, "yes", "vanilla,block_based") + ["--n", "16", "--remeasure"]) == 0
+    doc = json.loads(open(out).read())
+    assert [(p["decay"], p["n"], p["measured"]["git_sha"]) for p in doc["points"]] == [
+        (False, 16, "aaaaaaa"), (False, 32, "aaaaaaa"), (True, 16, "bbbbbbb"), (True, 32, "aaaaaaa")]
+    after = open(out).read().splitlines()
+    # besides the file's own record of the run, only the lines of the point measured again changed
+    starts = [i for i, line in enumerate(after) if line == "  {"] + [len(after)]
+    assert len(after) == len(before) and len(starts) == 5
+    changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+    assert any(starts[2] < i < starts[3] for i in changed)
+    assert all(i < starts[0] or starts[2] < i < starts[3] for i in changed)
 
 
 def test_tune_does_not_run_at_larger_n_what_lost_tenfold_at_a_measured_point(tmp_path, monkeypatch):

@@ -13,8 +13,10 @@ its best config and the winner::
                  "times_ms": {<method>: ms or null}, "configs": {<method>: {...}}}, ...]}
 
 At call time :func:`lookup` takes the nearest point -- exact on dtype and decay,
-nearest in log2 space on batch·heads, n, r and d -- and returns its method and
-config; answers are cached per shape, so a call costs a dictionary lookup.
+nearest in log2 space on batch·heads, n, r and d, a tie going to the point with the
+smallest (r, d, batch·heads, n), so the answer never depends on the order of the
+file's points -- and returns its method and config; answers are cached per shape,
+so a call costs a dictionary lookup.
 """
 from __future__ import annotations
 
@@ -64,7 +66,8 @@ class Heuristics:
 
         def distance(p):
             have = [math.log2(max(p[k], 1)) for k in ("bh", "n", "r", "d")]
-            return sum((a - b) ** 2 for a, b in zip(want, have))
+            # a shape halfway between two points (n = 4096 between 2048 and 8192) takes the smaller one
+            return sum((a - b) ** 2 for a, b in zip(want, have)), p["r"], p["d"], p["bh"], p["n"]
 
         best = min(candidates, key=distance)
         return best["best"], best.get("config") or {}

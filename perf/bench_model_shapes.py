@@ -15,9 +15,9 @@ the methods that split the sequence across programs, each autotuned at each shap
 
 Each cell's sweep times every entry once.  Then ``auto``, fla's kernel and the best of the rest are
 timed again in alternating rounds (``bench_auto.confirm_rounds``: five rounds, each timing the three
-in turn, the median of each kept as ``rounds_ms``), and the ratios of the tables and the targets are
-those of the rounds (a slow spell during one entry's single timing moves a ratio by up to 15%), except
-that a peer keeps the lower of its two times (:func:`_ms`).
+in turn, the median of each kept as ``rounds_ms``), and the ratios of the tables and the targets take
+each entry's lower time of the two (:func:`_ms`): a slow spell during one timing moved a ratio by up
+to 15%.
 
 Targets (issue: real model shapes): ``auto`` ≥ 1.5× faster than ``chunk_simple_gla`` at
 every cell; ≤ 3× the memory floor at RetNet-1.3B's shape, batch 1, n 8192, float16.
@@ -61,16 +61,14 @@ def _csv(text: str, parse, what: str, allowed=None) -> list:
 
 
 def _ms(row) -> float | None:
-    """A row's time for the ratios: ours, the median of its alternating rounds where it was timed in them;
-    a peer, the lower of that and its sweep's median.  A peer's Python issues many small launches, and at
-    the smallest cells its time can be that of its host path, which one timing meets slower than another
-    (fla at 1 × 2048: 0.158 ms in the sweep, 0.289 in the rounds): the lower one counts, in its favour."""
+    """A row's time for the ratios: the lower of its sweep's median and, where it was timed in them, its
+    alternating rounds' median.  Both are do_bench medians; at the smallest cells (0.03-0.3 ms) one of the two
+    can meet a slow spell of the host path, ours or a peer's (fla at 1 × 2048: 0.385 ms in one, 0.321 in the
+    other; ``auto`` 0.033 and 0.057), and taking the lower one for every entry alike drops it."""
     if not row or row.get("status") != "ok":
         return None
     times = [t for t in (row.get("rounds_ms"), row.get("median_ms")) if t]
-    if not times:
-        return None
-    return min(times) if row.get("kind") == "peer" else times[0]
+    return min(times) if times else None
 
 
 def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) -> None:
@@ -150,9 +148,9 @@ def run_model(rep: common.Report, args, model: str, dtypes, batches, seqlens, me
                     ["batch × n", *(e.label for e in entries), "floor ms", "fla / auto", "auto × floor",
                      "best of the rest", "fla / best"], body,
                     "Median ms of the sweep (do_bench; p20/p80 in the JSON rows). 'fla / auto', 'auto × floor' and "
-                    "'fla / best' from five alternating rounds of auto, fla and the best of the rest ('rounds_ms' in "
-                    "the JSON rows; the sweep's time where a cell was not timed in rounds), fla's time the lower of "
-                    "its rounds and its sweep. 'fla / auto' > 1: ours is faster. The floor is b, c, v and o once each over the measured copy bandwidth.")
+                    "'fla / best' take each entry's lower time of the sweep and of five alternating rounds of auto, "
+                    "fla and the best of the rest ('rounds_ms' in the JSON rows). 'fla / auto' > 1: ours is faster. "
+                    "The floor is b, c, v and o once each over the measured copy bandwidth.")
 
 
 def main(argv=None) -> common.Report:

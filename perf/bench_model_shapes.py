@@ -16,8 +16,8 @@ the methods that split the sequence across programs, each autotuned at each shap
 Each cell's sweep times every entry once.  Then ``auto``, fla's kernel and the best of the rest are
 timed again in alternating rounds (``bench_auto.confirm_rounds``: five rounds, each timing the three
 in turn, the median of each kept as ``rounds_ms``), and the ratios of the tables and the targets take
-each entry's lower time of the two (:func:`_ms`): a slow spell during one timing moved a ratio by up
-to 15%.
+each entry's lower time of the two (:func:`_ms`), so that a slow spell during one timing does not move
+a ratio.
 
 Targets (issue: real model shapes): ``auto`` ≥ 1.5× faster than ``chunk_simple_gla`` at
 every cell; ≤ 3× the memory floor at RetNet-1.3B's shape, batch 1, n 8192, float16.
@@ -62,9 +62,9 @@ def _csv(text: str, parse, what: str, allowed=None) -> list:
 
 def _ms(row) -> float | None:
     """A row's time for the ratios: the lower of its sweep's median and, where it was timed in them, its
-    alternating rounds' median.  Both are do_bench medians; at the smallest cells (0.03-0.3 ms) one of the two
-    can meet a slow spell of the host path, ours or a peer's (fla at 1 × 2048: 0.385 ms in one, 0.321 in the
-    other; ``auto`` 0.033 and 0.057), and taking the lower one for every entry alike drops it."""
+    alternating rounds' median.  Both are do_bench medians; at the smallest cells one of the two can meet a
+    slow spell of the host path, ours or a peer's (the JSON rows keep both: ``median_ms``, ``rounds_ms``),
+    and taking the lower one for every entry alike drops it."""
     if not row or row.get("status") != "ok":
         return None
     times = [t for t in (row.get("rounds_ms"), row.get("median_ms")) if t]

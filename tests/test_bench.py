@@ -571,6 +571,41 @@ def test_bench_auto_confirm_rounds_alternate_the_calls_and_keep_each_ones_median
     assert out == {"auto": 1.04, "block_based": 2.0}   # auto: median of 9, 1.02, 1.03, 1.04, 1.05
 
 
+def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_each_ones_lower_time(monkeypatch):
+    """A cell's rounds time ``auto``, fla's kernel and the fastest of our other methods in the sweep (not a
+    slower method, not a peer that failed), on inputs made for them; each records its rounds' median, and
+    every ratio takes an entry's lower time of its sweep and its rounds."""
+    mod = _script("bench_model_shapes")
+    made = []
+
+    def entry(label, kind):
+        return bench.Entry(label, kind, lambda b, c, v, g, label=label: made.append((label, tuple(b.shape)))
+                           or (lambda: None))
+
+    def row(method, ms, kind="triton", status="ok"):
+        return dict(method=method, kind=kind, dtype="float16", batch=1, n=64, status=status, median_ms=ms)
+
+    entries = [entry("auto", "auto"), entry("block_based", "triton"), entry("lightning_attention", "triton"),
+               entry(mod.FLA, "peer"), entry("lightning_attn2", "peer")]
+    rows = [row("auto", 1.0, "auto"), row("block_based", 0.9), row("lightning_attention", 1.2),
+            row(mod.FLA, 3.0, "peer"), row("lightning_attn2", None, "peer", "error")]
+    timed = []
+
+    def rounds(calls):
+        timed.append(list(calls))
+        return {"auto": 1.1, "block_based": 0.8, mod.FLA: 2.5}
+
+    monkeypatch.setattr(mod, "confirm_rounds", rounds)
+    mod.time_in_rounds(rows, entries, torch.float16, 1, 64, 2, 8, 4, "cpu", ["auto", "block_based", "lightning_attention"])
+    assert timed == [["auto", mod.FLA, "block_based"]]
+    assert made == [("auto", (1, 2, 64, 8)), (mod.FLA, (1, 2, 64, 8)), ("block_based", (1, 2, 64, 8))]
+    by = {r["method"]: r for r in rows}
+    assert (by["auto"]["rounds_ms"], by["block_based"]["rounds_ms"], by[mod.FLA]["rounds_ms"]) == (1.1, 0.8, 2.5)
+    assert "rounds_ms" not in by["lightning_attention"] and "rounds_ms" not in by["lightning_attn2"]
+    assert [mod._ms(by[m]) for m in ("auto", "block_based", "lightning_attention", mod.FLA)] == [1.0, 0.8, 1.2, 2.5]
+    assert mod._ms(by["lightning_attn2"]) is None and mod._ms(None) is None
+
+
 @pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])

@@ -596,7 +596,8 @@ def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_e
         return {"auto": 1.1, "block_based": 0.8, mod.FLA: 2.5}
 
     monkeypatch.setattr(mod, "confirm_rounds", rounds)
-    mod.time_in_rounds(rows, entries, torch.float16, 1, 64, 2, 8, 4, "cpu", ["auto", "block_based", "lightning_attention"])
+    mod.time_in_rounds(rows, entries, torch.float16, 1, 64, 2, 8, 4, "cpu",
+                       ["auto", "block_based", "lightning_attention"])
     assert timed == [["auto", mod.FLA, "block_based"]]
     assert made == [("auto", (1, 2, 64, 8)), (mod.FLA, (1, 2, 64, 8)), ("block_based", (1, 2, 64, 8))]
     by = {r["method"]: r for r in rows}

@@ -48,6 +48,8 @@ MODELS = {
     "gla": ("small GLA / RetNet", 16, 64, 64),
 }
 OURS = ("auto", "block_based", "lightning_attention", "fleet_attention")
+SEED = 0
+"""Seed of every cell's inputs: the sweep's and the rounds' are the same tensors' values."""
 
 
 def _csv(text: str, parse, what: str, allowed=None) -> list:
@@ -73,7 +75,7 @@ def _ms(row) -> float | None:
 
 def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) -> None:
     """Time ``auto``, fla's kernel and the fastest other method of ours of one cell again, alternating
-    (:func:`confirm_rounds`), on the sweep's inputs (same seed), and record each one's ``rounds_ms``."""
+    (:func:`confirm_rounds`), on the sweep's inputs (:data:`SEED`), and record each one's ``rounds_ms``."""
     dname = bench.dtype_name(dt)
     get = {e.label: common.find(rows, method=e.label, dtype=dname, batch=batch, n=n) for e in entries}
     ok = {label: row for label, row in get.items() if row and row["status"] == "ok" and row["median_ms"]}
@@ -83,7 +85,7 @@ def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) ->
         pick.append(min(ours, key=lambda m: ok[m]["median_ms"]))
     if len(pick) < 2:
         return
-    b, c, v = bench.make_inputs(batch, heads, n, r, d, dt, device)
+    b, c, v = bench.make_inputs(batch, heads, n, r, d, dt, device, seed=SEED)
     gamma = bench.decay_gammas(heads, device)
     by_label = {e.label: e for e in entries}
     calls = {label: by_label[label].make(b, c, v, gamma) for label in pick}
@@ -107,7 +109,7 @@ def run_model(rep: common.Report, args, model: str, dtypes, batches, seqlens, me
                 kernel.cache.clear()
             cell_rows = bench.run_grid(entries, dtypes=dtypes, batches=[batch], seqlens=[n], decays=[True],
                                        heads=heads, r=r, d=d, device=device, budget_s=args.budget_s, rep_ms=rep_ms,
-                                       bandwidth=rep.bandwidth)
+                                       bandwidth=rep.bandwidth, seed=SEED)
             if device.type == "cuda":
                 for dt in dtypes:
                     time_in_rounds(cell_rows, entries, dt, batch, n, heads, r, d, device, methods)

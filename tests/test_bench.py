@@ -579,8 +579,7 @@ def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_e
     made = []
 
     def entry(label, kind):
-        return bench.Entry(label, kind, lambda b, c, v, g, label=label: made.append((label, tuple(b.shape)))
-                           or (lambda: None))
+        return bench.Entry(label, kind, lambda b, c, v, g, label=label: made.append((label, b)) or (lambda: None))
 
     def row(method, ms, kind="triton", status="ok"):
         return dict(method=method, kind=kind, dtype="float16", batch=1, n=64, status=status, median_ms=ms)
@@ -599,7 +598,9 @@ def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_e
     mod.time_in_rounds(rows, entries, torch.float16, 1, 64, 2, 8, 4, "cpu",
                        ["auto", "block_based", "lightning_attention"])
     assert timed == [["auto", mod.FLA, "block_based"]]
-    assert made == [("auto", (1, 2, 64, 8)), (mod.FLA, (1, 2, 64, 8)), ("block_based", (1, 2, 64, 8))]
+    assert [label for label, _ in made] == ["auto", mod.FLA, "block_based"]
+    sweep_b = bench.make_inputs(1, 2, 64, 8, 4, torch.float16, "cpu", seed=mod.SEED)[0]   # the sweep's b
+    assert all(torch.equal(b, sweep_b) for _, b in made)
     by = {r["method"]: r for r in rows}
     assert (by["auto"]["rounds_ms"], by["block_based"]["rounds_ms"], by[mod.FLA]["rounds_ms"]) == (1.1, 0.8, 2.5)
     assert "rounds_ms" not in by["lightning_attention"] and "rounds_ms" not in by["lightning_attn2"]

@@ -299,3 +299,84 @@ def test_float16_state_beyond_float16_range(method, gamma):
     assert ref_state.abs().max() > 4 * 65504 and ref.abs().max() < 6e4   # the state, not the output, is out of range
     assert_close(out, ref, tolerance(torch.float16), f"{method} float16, state beyond float16's range")
     assert_close(state, ref_state, tolerance(torch.float16), f"{method} float16 state")
+
+
+_DESCRIPTORS = not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9
+"""Whether the walk may read through tensor descriptors here: under the interpreter, or on sm_90 and later."""
+
+
+def _walk(method, b, c, v, gamma):
+    """``method``'s output; block_based in segments of 40 rows, which end inside a chunk on any device."""
+    if method != "block_based":
+        return leettriton.linear_attention(b, c, v, gamma, method=method)
+    from leettriton.methods.block_based.kernels import block_based_fwd
+    from leettriton.methods.spec import Plan
+
+    p, out = make_problem(b, c, v, gamma)
+    block_based_fwd(p, Plan("block_based", block_based_fwd, schedule=dict(seg_len=40, split=1, prefix=True)))
+    return out
+
+
+def _walk_by_pointer(monkeypatch, method, b, c, v, gamma):
+    """:func:`_walk` with the walk reading through pointers (the descriptors' rule switched off)."""
+    from leettriton.methods.lightning_attention import kernels as walk
+
+    with monkeypatch.context() as m:
+        m.setattr(walk, "reads_by_descriptor", lambda p: False)
+        return _walk(method, b, c, v, gamma)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, method, dtype):
+    """At r > 128 the walk reads b, c and v through tensor descriptors (docs/design.md §3.4): the outputs are
+    bitwise those of the pointer reads, for r = 200 (a descriptor reads the columns past r as zero), n not a
+    multiple of the chunk, and (block_based) segments of 40 rows, which end inside a chunk.  A descriptor
+    would read the next segment's rows there: an infinity in c, then in v, just past a segment's end leaves
+    the outputs before it as the pointer reads give them (finite), not NaN."""
+    from leettriton.methods.lightning_attention.kernels import reads_by_descriptor
+
+    case = Case(1, 2, 100, 200, 40, dtype=dtype, gamma="tensor", gammas=(0.98, 0.9), seed=21)
+    b, c, v, gamma, _ = case.tensors(DEVICE)
+    assert reads_by_descriptor(make_problem(b, c, v, gamma)[0]) == _DESCRIPTORS
+    out = _walk(method, b, c, v, gamma)
+    assert_close(out, leettriton.reference(b, c, v, gamma), tolerance(dtype), f"{method} by descriptor [{case.id}]")
+    assert torch.equal(out, _walk_by_pointer(monkeypatch, method, b, c, v, gamma))
+    for name in ("c", "v"):
+        x = dict(b=b, c=c, v=v)
+        x[name] = x[name].clone()
+        x[name][:, :, 41] = float("inf")
+        out = _walk(method, x["b"], x["c"], x["v"], gamma)
+        torch.testing.assert_close(out, _walk_by_pointer(monkeypatch, method, x["b"], x["c"], x["v"], gamma),
+                                   rtol=0, atol=0, equal_nan=True)
+        if method == "block_based":
+            assert torch.isfinite(out[:, :, :40]).all(), f"{name}: an infinity past the segment's end reached it"
+
+
+def test_reads_by_descriptor_only_where_a_descriptor_can_read_the_rows():
+    """The walk's rule for tensor descriptors: 16-bit, r > 128, unit column stride, every other stride a multiple
+    of 16 bytes, 16-byte aligned, rows forward; anything else reads through pointers (and still matches the
+    oracle)."""
+    from leettriton.methods.lightning_attention.kernels import reads_by_descriptor
+
+    def problem(b, c, v, **kw):
+        return make_problem(b, c, v, 0.95, **kw)[0]
+
+    case = Case(1, 1, 40, 200, 16, dtype=torch.float16, seed=3)
+    b, c, v, _, _ = case.tensors(DEVICE)
+    assert reads_by_descriptor(problem(b, c, v)) == _DESCRIPTORS
+    assert not reads_by_descriptor(problem(b[..., :128], c[..., :128], v))               # r = 128
+    assert not reads_by_descriptor(problem(b.float(), c.float(), v.float()))             # float32
+    assert not reads_by_descriptor(make_problem(b, c, v, 0.95, reverse=True)[0])         # rows backwards
+    wide = torch.zeros(1, 1, 40, 208, dtype=b.dtype, device=DEVICE)
+    wide[..., 1:201] = b
+    assert not reads_by_descriptor(problem(wide[..., 1:201], c, v))                      # 2-byte aligned
+    odd = torch.zeros(1, 1, 40, 204, dtype=b.dtype, device=DEVICE)
+    odd[..., :200] = b
+    assert not reads_by_descriptor(problem(odd[..., :200], c, v))                        # rows 408 bytes apart
+    cols = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not reads_by_descriptor(problem(cols, c, v))                                  # column stride 40
+    ref = leettriton.reference(b, c, v, 0.95)
+    for bb in (wide[..., 1:201], odd[..., :200], cols):
+        out = leettriton.linear_attention(bb, c, v, 0.95, method="lightning_attention")
+        assert_close(out, ref, tolerance(torch.float16), "lightning_attention read through pointers")

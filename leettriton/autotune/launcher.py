@@ -1,8 +1,9 @@
 """Triton's compiled launcher called without its Python wrapper, where that wrapper's form is known.
 
 A compiled kernel's ``run`` is Triton's launcher object.  Its ``__call__`` is Python: it allocates the
-kernel's scratch buffers (leettriton's kernels have none) and calls the launcher's C function with two
-flags and the two scratch pointers in front of the arguments it was given.  For a one-token decode
+kernel's scratch buffers (of leettriton's kernels only the chunk walk that reads through tensor descriptors
+has any, docs/design.md §3.4) and calls the launcher's C function with two flags and the two scratch
+pointers in front of the arguments it was given.  For a one-token decode
 step, whose GPU time is a few microseconds, those lines are a measurable share of the time of a call
 from Python (docs/design.md §4.5).  :func:`direct_launch` gives that C function and the flags for a
 launcher whose class's ``__call__`` is a known form (its source, whitespace removed, hashed: Triton 3.6's)

@@ -55,10 +55,16 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # the context variable in which Triton keeps its allocator (Triton 3.6 to 3.9)
+    from triton.runtime._allocation import NullAllocator as _NullAllocator, _allocator as _ALLOCATOR
+except ImportError:  # a release that keeps it elsewhere: ours is then set before every walk on CUDA
+    _NullAllocator = _ALLOCATOR = None
+
 from ...problem import Problem, VarlenProblem
 from ..spec import Plan
 from ...autotune import KernelSpace, autotune, launch
 from ...autotune.configs import CompiledLaunches
+from ...autotune.families import current_family, is_interpreting
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.pieces import in_r_pieces
@@ -67,7 +73,7 @@ from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, he
                             two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
-       "TWO_PART", "ACC"]
+       "TWO_PART", "ACC", "TMA", "CUT"]
 
 
 @triton.jit
@@ -90,6 +96,26 @@ def _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, row
     """The [BT, BK] tiles of b and c at rows ``o_t`` (< rows) and columns ``o_k`` of r."""
     b_b = load_tile(p_b, o_t, o_k, stride_bn, stride_bk, rows, R)
     b_c = load_tile(p_c, o_t, o_k, stride_cn, stride_ck, rows, R)
+    return b_b, b_c
+
+
+@triton.jit
+def _chunk_bc(p_b, p_c, d_b, d_c, t0, k0, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R,
+              CUT: tl.constexpr, TMA: tl.constexpr):
+    """The [BT, BK] tiles of b and c at the chunk's rows (``rows`` of them present) and columns k0 + ``o_k`` of r:
+    through the descriptors ``d_b``, ``d_c`` (row ``t0`` of the head) with ``TMA``, else through the pointers
+    (at the chunk's first row).  A descriptor reads the rows past n as zero, but the rows past a segment's end
+    are the next segment's: with ``CUT`` (segments that may end inside a chunk) c is zeroed there, as the
+    pointer loads zero it.  The masked scores multiply those rows by zero, and zero times a non-finite value
+    is NaN: zeroed, an infinity in the next segment cannot reach this one's outputs (v is zeroed alike; b's
+    rows past the end reach only outputs that are not stored)."""
+    if TMA:
+        b_b = d_b.load([t0, k0])
+        b_c = d_c.load([t0, k0])
+        if CUT:
+            b_c = tl.where(o_t[:, None] < rows, b_c, 0.0)
+    else:
+        b_b, b_c = _load_bc(p_b, p_c, o_t, k0 + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
     return b_b, b_c
 
 
@@ -183,7 +209,8 @@ def _chunk_walk_fwd_kernel(
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
-    TWO_PART: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    TWO_PART: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
     # lives in NK [BV, BK] float32 register tiles s0..s3
@@ -218,6 +245,15 @@ def _chunk_walk_fwd_kernel(
         d_start = D
     t_start64 = t_start.to(tl.int64)
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
+    if TMA:
+        # b, c and v read through tensor descriptors of this head's rows (the copy engine: no address or mask
+        # per element; rows past n read as zero).  The launcher gives TMA only for 16-bit rows of unit column
+        # stride at 16-byte aligned addresses (:func:`reads_by_descriptor`)
+        d_b = tl.make_tensor_descriptor(p_b, shape=[N, R], strides=[stride_bn, 1], block_shape=[BT, BK])
+        d_c = tl.make_tensor_descriptor(p_c, shape=[N, R], strides=[stride_cn, 1], block_shape=[BT, BK])
+        d_v = tl.make_tensor_descriptor(p_v, shape=[N, D], strides=[stride_vn, 1], block_shape=[BT, BV])
+    else:
+        d_b, d_c, d_v = p_b, p_c, p_v  # unread
     p_b += t_start64 * stride_bn
     p_c += t_start64 * stride_cn
     p_v += t_start64 * stride_vn
@@ -288,21 +324,31 @@ def _chunk_walk_fwd_kernel(
             up = tl.full([BV], 1.0, tl.float32)
             down = up
         # transposed scores c bᵀ and the state term Sᵀ bᵀ, accumulated over the r tiles
-        b0, c0 = _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+        b0, c0 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 0, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                           rows, R, CUT, TMA)
         b_at = mma(c0, tl.trans(b0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
         b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, b0, up, DOT_PRECISION, TWO_PART)
         if NK >= 2:
-            b1, c1 = _load_bc(p_b, p_c, o_t, BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+            b1, c1 = _chunk_bc(p_b, p_c, d_b, d_c, t0, BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                               rows, R, CUT, TMA)
             b_at += mma(c1, tl.trans(b1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
             b_ot = _state_times_b(b_ot, s1, b1, up, DOT_PRECISION, TWO_PART)
         if NK >= 4:
-            b2, c2 = _load_bc(p_b, p_c, o_t, 2 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+            b2, c2 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 2 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                               rows, R, CUT, TMA)
             b_at += mma(c2, tl.trans(b2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
             b_ot = _state_times_b(b_ot, s2, b2, up, DOT_PRECISION, TWO_PART)
-            b3, c3 = _load_bc(p_b, p_c, o_t, 3 * BK + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
+            b3, c3 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 3 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                               rows, R, CUT, TMA)
             b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
             b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION, TWO_PART)
-        b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
+        if TMA:
+            b_v = d_v.load([t0, i_v * BV])
+            if CUT:
+                b_v = tl.where(o_t[:, None] < rows, b_v, 0.0)
+            b_vt = tl.trans(b_v)  # [BV, BT]
+        else:
+            b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
         if ACC:
             b_acc = load_tile(p_a, o_v, o_t, stride_ad, stride_an, D, rows)  # [BV, BT], float32
 
@@ -405,6 +451,8 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
     memo, mark = (p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype,
                            p.out.stride()))
+    if p.v.is_cuda:
+        _scratch_allocator()  # before any launch: a repeat of a launch with tensor descriptors needs one too
     if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
         # a call of a signature walked before: every argument but the tensors is what it was then (the
         # memo's signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds:
@@ -430,12 +478,61 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             # the initial state there, and wrote the final state)
             args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
+    tma = reads_by_descriptor(p)
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
-                TWO_PART=two_part(p), **partial_args(p, args, partial))
+                TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % SEGMENT_ROWS_ALIGN != 0,
+                **partial_args(p, args, partial))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
+
+
+TMA_MIN_R = 129
+"""Narrowest r at which the walk reads b, c and v through tensor descriptors (:func:`reads_by_descriptor`)."""
+
+SEGMENT_ROWS_ALIGN = 128
+"""Segments whose length is a multiple of this never end inside a chunk (chunks are at most 128 rows)."""
+
+
+def reads_by_descriptor(p: Problem) -> bool:
+    """Whether the walk of ``p`` reads b, c and v through tensor descriptors (TMA on sm_90) instead of pointers.
+
+    Where r > 128: there the walk holds all of r in one 256-wide tile, and the copy engine's loads free the
+    registers and instructions that per-element addresses and masks take (on an H100 at RetNet-1.3B's layer,
+    1 × 8192, 9% of the call in bfloat16 and 3% in float16; at r ≤ 128 no faster, at r = 64 slower:
+    docs/design.md §3.4).  The rows must allow a descriptor: 16-bit elements, a unit column stride, every other
+    stride a multiple of 16 bytes and every head's first row 16-byte aligned, rows forward in memory (not a
+    reversed problem's).  On CUDA devices of compute capability 9 or more, and under the interpreter (which
+    emulates descriptors, so the CPU suite runs this path).
+    """
+    if p.shape[3] < TMA_MIN_R or p.reverse or p.b.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not is_interpreting():
+        family = current_family(p.v.device)
+        if family.capability is None or family.capability[0] < 9:
+            return False
+    for x in (p.b, p.c, p.v):
+        st = x.stride()
+        if st[-1] != 1 or st[-2] <= 0 or any(s % 8 for s in st[:-1]) or x.data_ptr() % 16:
+            return False
+    return True
+
+
+def _scratch_allocator() -> None:
+    """Give Triton a global-memory allocator if none is set: a kernel that builds tensor descriptors on the
+    device writes them to scratch memory, which Triton allocates at launch through it.  A caller's own
+    allocator is kept.  (Set in the calling thread's context: Triton keeps the allocator in a context
+    variable, which a new thread starts without.)"""
+    if _ALLOCATOR is not None and not isinstance(_ALLOCATOR.get(), _NullAllocator):
+        return
+    triton.set_allocator(_torch_scratch)
+
+
+def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Scratch memory for a launch, from PyTorch's caching allocator on the current device and stream
+    (its blocks are aligned to 512 bytes, more than a descriptor's 128)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def partial_args(p: Problem, args: Mapping, partial: Optional[torch.Tensor]) -> dict:
@@ -479,4 +576,4 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
            SUB=1, cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
            init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
            SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
-           TWO_PART=False, **partial_args(p, args, partial))
+           TWO_PART=False, TMA=False, CUT=False, **partial_args(p, args, partial))

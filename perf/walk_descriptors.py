@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     bw = copy_bandwidth()
-    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy {bw:.0f} GB/s", flush=True)
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy {bw / 1e9:.0f} GB/s", flush=True)
     for model in args.models.split(","):
         label, heads, r, d = MODELS[model]
         for dtype in args.dtypes.split(","):

@@ -498,10 +498,9 @@ SEGMENT_ROWS_ALIGN = 128
 def reads_by_descriptor(p: Problem) -> bool:
     """Whether the walk of ``p`` reads b, c and v through tensor descriptors (TMA on sm_90) instead of pointers.
 
-    Where r > 128: there the walk holds all of r in one 256-wide tile, and the copy engine's loads free the
-    registers and instructions that per-element addresses and masks take (on an H100 at RetNet-1.3B's layer,
-    1 × 8192, 9% of the call in bfloat16 and 3% in float16; at r ≤ 128 no faster, at r = 64 slower:
-    docs/design.md §3.4).  The rows must allow a descriptor: 16-bit elements, a unit column stride, every other
+    Where r > 128, where the copy engine's loads save the walk the registers and instructions that addresses
+    and masks per element take; at r ≤ 128 they measured no faster, at r = 64 slower (docs/design.md §3.4).
+    The rows must allow a descriptor: 16-bit elements, a unit column stride, every other
     stride a multiple of 16 bytes and every head's first row 16-byte aligned, rows forward in memory (not a
     reversed problem's).  On CUDA devices of compute capability 9 or more, and under the interpreter (which
     emulates descriptors, so the CPU suite runs this path).

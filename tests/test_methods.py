@@ -326,6 +326,8 @@ def _walk_by_pointer(monkeypatch, method, b, c, v, gamma):
         return _walk(method, b, c, v, gamma)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # the interpreter's NumPy, on the
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # infinities the test puts in
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
 def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, method, dtype):

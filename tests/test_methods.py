@@ -301,8 +301,10 @@ def test_float16_state_beyond_float16_range(method, gamma):
     assert_close(state, ref_state, tolerance(torch.float16), f"{method} float16 state")
 
 
-_DESCRIPTORS = not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9
-"""Whether the walk may read through tensor descriptors here: under the interpreter, or on sm_90 and later."""
+_DESCRIPTORS = (leettriton.methods.lightning_attention.kernels.DESCRIPTORS
+                and (not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9))
+"""Whether the walk may read through tensor descriptors here: a Triton that builds them, and the interpreter or
+sm_90 and later."""
 
 
 def _walk(method, b, c, v, gamma):

@@ -60,6 +60,10 @@ try:  # the context variable in which Triton keeps its allocator (Triton 3.6 to 
 except ImportError:  # a release that keeps it elsewhere: ours is then set before every walk on CUDA
     _NullAllocator = _ALLOCATOR = None
 
+DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+"""Whether this Triton builds tensor descriptors in a kernel (``tl.make_tensor_descriptor``, with the scratch
+memory of ``triton.set_allocator``): without them the walk reads through pointers only."""
+
 from ...problem import Problem, VarlenProblem
 from ..spec import Plan
 from ...autotune import KernelSpace, autotune, launch
@@ -451,7 +455,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
     memo, mark = (p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype,
                            p.out.stride()))
-    if p.v.is_cuda:
+    if DESCRIPTORS and p.v.is_cuda:
         _scratch_allocator()  # before any launch: a repeat of a launch with tensor descriptors needs one too
     if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
         # a call of a signature walked before: every argument but the tensors is what it was then (the
@@ -503,9 +507,9 @@ def reads_by_descriptor(p: Problem) -> bool:
     The rows must allow a descriptor: 16-bit elements, a unit column stride, every other
     stride a multiple of 16 bytes and every head's first row 16-byte aligned, rows forward in memory (not a
     reversed problem's).  On CUDA devices of compute capability 9 or more, and under the interpreter (which
-    emulates descriptors, so the CPU suite runs this path).
+    emulates descriptors, so the CPU suite runs this path); with a Triton that builds them (:data:`DESCRIPTORS`).
     """
-    if p.shape[3] < TMA_MIN_R or p.reverse or p.b.dtype not in (torch.float16, torch.bfloat16):
+    if not DESCRIPTORS or p.shape[3] < TMA_MIN_R or p.reverse or p.b.dtype not in (torch.float16, torch.bfloat16):
         return False
     if not is_interpreting():
         family = current_family(p.v.device)

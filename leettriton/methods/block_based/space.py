@@ -17,7 +17,7 @@ from ...autotune.sizing import cdiv, elem_bytes, pow2
 from ...kernels.abi import problem_args
 from ...kernels.segments_space import segment_length as shared_segment_length
 from ...problem import Problem
-from ..lightning_attention.kernels import WALK_MAX_R
+from ..lightning_attention.kernels import CHUNK_ROWS_MAX, WALK_MAX_R
 from ..lightning_attention.space import walk_space
 
 
@@ -54,7 +54,7 @@ MIN_SEGMENT = 1024
 float32 start state, written and read back, r·d·4 B = 64 KB at r = d = 128)
 is a sizeable share of its own inputs (L·(2r + d)·2 B = 768 KB at L = 1024)."""
 
-SEGMENT_ALIGN = 128
+SEGMENT_ALIGN = CHUNK_ROWS_MAX
 """Segment lengths are multiples of the largest chunk, so no chunk is cut short."""
 
 INTERPRETER_SEGMENT = 40

@@ -104,6 +104,16 @@ def _load_bc(p_b, p_c, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, row
 
 
 @triton.jit
+def _rows_by_descriptor(d, t0, k0, o_t, rows, CUT: tl.constexpr):
+    """The tile of descriptor ``d`` at row ``t0`` and column ``k0``; with ``CUT``, its rows from ``rows`` on
+    zeroed (the next segment's: see :func:`_chunk_bc`)."""
+    x = d.load([t0, k0])
+    if CUT:
+        x = tl.where(o_t[:, None] < rows, x, 0.0)
+    return x
+
+
+@triton.jit
 def _chunk_bc(p_b, p_c, d_b, d_c, t0, k0, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R,
               CUT: tl.constexpr, TMA: tl.constexpr):
     """The [BT, BK] tiles of b and c at the chunk's rows (``rows`` of them present) and columns k0 + ``o_k`` of r:
@@ -115,9 +125,7 @@ def _chunk_bc(p_b, p_c, d_b, d_c, t0, k0, o_t, o_k, stride_bn, stride_bk, stride
     rows past the end reach only outputs that are not stored)."""
     if TMA:
         b_b = d_b.load([t0, k0])
-        b_c = d_c.load([t0, k0])
-        if CUT:
-            b_c = tl.where(o_t[:, None] < rows, b_c, 0.0)
+        b_c = _rows_by_descriptor(d_c, t0, k0, o_t, rows, CUT)
     else:
         b_b, b_c = _load_bc(p_b, p_c, o_t, k0 + o_k, stride_bn, stride_bk, stride_cn, stride_ck, rows, R)
     return b_b, b_c
@@ -347,10 +355,7 @@ def _chunk_walk_fwd_kernel(
             b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
             b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION, TWO_PART)
         if TMA:
-            b_v = d_v.load([t0, i_v * BV])
-            if CUT:
-                b_v = tl.where(o_t[:, None] < rows, b_v, 0.0)
-            b_vt = tl.trans(b_v)  # [BV, BT]
+            b_vt = tl.trans(_rows_by_descriptor(d_v, t0, i_v * BV, o_t, rows, CUT))  # [BV, BT]
         else:
             b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
         if ACC:
@@ -485,7 +490,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     tma = reads_by_descriptor(p)
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
-                TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % SEGMENT_ROWS_ALIGN != 0,
+                TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
                 **partial_args(p, args, partial))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
     if memo is not None and again is not None and not p.reverse:
@@ -495,8 +500,9 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
 TMA_MIN_R = 129
 """Narrowest r at which the walk reads b, c and v through tensor descriptors (:func:`reads_by_descriptor`)."""
 
-SEGMENT_ROWS_ALIGN = 128
-"""Segments whose length is a multiple of this never end inside a chunk (chunks are at most 128 rows)."""
+CHUNK_ROWS_MAX = 128
+"""No walk config's chunk (BT) is longer: segments whose length is a multiple of this never end inside a chunk
+(block_based's segment rule aligns them so, ``SEGMENT_ALIGN``)."""
 
 
 def reads_by_descriptor(p: Problem) -> bool:

@@ -1,17 +1,21 @@
-"""The chunk walk reading b, c and v through tensor descriptors, against reading them through pointers.
+"""The chunk walk's rule for tensor descriptors, against reading always through descriptors and always through pointers.
 
-At r > 128 the walk reads its rows through tensor descriptors (the copy engine on sm_90:
-``reads_by_descriptor`` in methods/lightning_attention/kernels.py, docs/design.md §3.4).  For each
-layer shape of ``bench_model_shapes`` asked for and each batch × n, ``auto``'s call as the library makes
-it and the same call with that rule switched off (every read through pointers) run on the same inputs,
-in five alternating rounds (``bench_auto.confirm_rounds``), both checked against the float64 oracle.
-One line per cell: the median ms of each, their ratio, and each as a multiple of the memory floor.
+At r > 128 the walk reads its rows through tensor descriptors (the copy engine on sm_90) where more than
+half the multiprocessors get a program (``reads_by_descriptor`` in methods/lightning_attention/kernels.py,
+docs/design.md §3.4).  For each layer shape of ``bench_model_shapes`` asked for, each batch × n and each
+method asked for (``auto`` as the library runs it; a method with the configs of ``h100.json``'s nearest
+point), three calls run on the same inputs in five alternating rounds (``bench_auto.confirm_rounds``), each
+checked against the float64 oracle: the rule as it is, descriptors wherever the rows allow one (the rule
+without its count of programs), and pointers only.  One line per cell: the median ms of each, and each as
+a multiple of the memory floor.
 
-    python perf/walk_descriptors.py --models retnet --shapes 1x8192,2x8192,1x32768
+    python perf/walk_descriptors.py --models retnet --shapes 1x2048,1x8192,2x8192 --methods auto,lightning_attention
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 
@@ -28,15 +32,30 @@ from leettriton.plan import run_problem  # noqa: E402
 from leettriton.problem import make_problem  # noqa: E402
 
 
-def by_pointer(fn):
-    """``fn`` with the walk's descriptor rule switched off for the length of the call."""
+RULE = walk.reads_by_descriptor
+
+
+def with_rule(fn, rule):
+    """``fn`` with the walk's descriptor rule replaced by ``rule(p, segments)`` for the length of the call."""
     def call():
-        rule, walk.reads_by_descriptor = walk.reads_by_descriptor, lambda p: False
+        walk.reads_by_descriptor = rule
         try:
             fn()
         finally:
-            walk.reads_by_descriptor = rule
+            walk.reads_by_descriptor = RULE
     return call
+
+
+def file_configs(method, dtype, decay, r, d, bh, n):
+    """``method``'s configs at the nearest point of the heuristic file in use (as ``auto`` finds its point)."""
+    from leettriton.autotune.families import current_family
+    from leettriton.autotune.heuristics import default_path
+    with open(default_path(current_family().name)) as f:
+        points = json.load(f)["points"]
+    want = [math.log2(max(x, 1)) for x in (bh, n, r, d)]
+    points = [q for q in points if q["dtype"] == dtype and bool(q["decay"]) == decay and method in q.get("configs", {})]
+    best = min(points, key=lambda q: sum((a - math.log2(max(q[k], 1))) ** 2 for a, k in zip(want, ("bh", "n", "r", "d"))))
+    return best["configs"][method]
 
 
 def main(argv=None) -> int:
@@ -44,6 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="retnet", help=f"comma-separated, of {sorted(MODELS)}")
     ap.add_argument("--shapes", default="1x8192,2x8192,1x32768", help="comma-separated BATCHxN")
     ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--methods", default="auto", help="comma-separated: auto and built-in methods")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     bw = copy_bandwidth()
@@ -58,21 +78,22 @@ def main(argv=None) -> int:
                 gamma = bench.decay_gammas(heads, device)
                 check = bench.oracle(b, c, v, gamma)
                 p, out = make_problem(b, c, v, gamma)
-                tma = walk.reads_by_descriptor(p)
-                calls = {"descriptors": lambda: run_problem(p, "auto"),
-                         "pointers": by_pointer(lambda: run_problem(p, "auto"))}
-                errors = {}
-                for name, fn in calls.items():
-                    out.fill_(float("nan"))
-                    fn()
-                    errors[name] = check.error(out)
-                ms = confirm_rounds(calls)
                 floor = memory_floor_ms(batch, heads, n, r, d, dt, bw)
-                print(f"{label} ({heads}, {r}, {d}) {dtype} {batch} x {n}: rule {'on' if tma else 'off'}  "
-                      f"descriptors {ms['descriptors']:.4f} ms ({ms['descriptors'] / floor:.2f}x floor, err "
-                      f"{errors['descriptors']:.1e})  pointers {ms['pointers']:.4f} ms ({ms['pointers'] / floor:.2f}x "
-                      f"floor, err {errors['pointers']:.1e})  ratio {ms['descriptors'] / ms['pointers']:.3f}",
-                      flush=True)
+                for method in args.methods.split(","):
+                    configs = None if method == "auto" else file_configs(method, dtype, True, r, d, batch * heads, n)
+                    run = lambda: run_problem(p, method, configs)  # noqa: E731
+                    calls = {"rule": run,
+                             "descriptors": with_rule(run, lambda p, segments=1: RULE(p, 1 << 30)),
+                             "pointers": with_rule(run, lambda p, segments=1: False)}
+                    errors = {}
+                    for name, fn in calls.items():
+                        out.fill_(float("nan"))
+                        fn()
+                        errors[name] = check.error(out)
+                    ms = confirm_rounds(calls)
+                    print(f"{label} ({heads}, {r}, {d}) {dtype} {batch} x {n} {method}: " + "  ".join(
+                        f"{name} {ms[name]:.4f} ms ({ms[name] / floor:.2f}x, err {errors[name]:.1e})" for name in calls),
+                        flush=True)
                 del b, c, v, p, out, check
                 torch.cuda.empty_cache()
     return 0

@@ -324,7 +324,7 @@ def _walk_by_pointer(monkeypatch, method, b, c, v, gamma):
     from leettriton.methods.lightning_attention import kernels as walk
 
     with monkeypatch.context() as m:
-        m.setattr(walk, "reads_by_descriptor", lambda p: False)
+        m.setattr(walk, "reads_by_descriptor", lambda p, segments=1: False)
         return _walk(method, b, c, v, gamma)
 
 
@@ -338,11 +338,16 @@ def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, method, dtype):
     multiple of the chunk, and (block_based) segments of 40 rows, which end inside a chunk.  A descriptor
     would read the next segment's rows there: an infinity in c, then in v, just past a segment's end leaves
     the outputs before it as the pointer reads give them (finite), not NaN."""
-    from leettriton.methods.lightning_attention.kernels import reads_by_descriptor
+    import dataclasses
 
+    from leettriton.methods.lightning_attention import kernels as walk
+
+    # a family of one multiprocessor: the rule's count of programs lets these few through on a GPU too
+    family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
+    monkeypatch.setattr(walk, "current_family", lambda device=None: family)
     case = Case(1, 2, 100, 200, 40, dtype=dtype, gamma="tensor", gammas=(0.98, 0.9), seed=21)
     b, c, v, gamma, _ = case.tensors(DEVICE)
-    assert reads_by_descriptor(make_problem(b, c, v, gamma)[0]) == _DESCRIPTORS
+    assert walk.reads_by_descriptor(make_problem(b, c, v, gamma)[0]) == _DESCRIPTORS
     out = _walk(method, b, c, v, gamma)
     assert_close(out, leettriton.reference(b, c, v, gamma), tolerance(dtype), f"{method} by descriptor [{case.id}]")
     assert torch.equal(out, _walk_by_pointer(monkeypatch, method, b, c, v, gamma))
@@ -357,29 +362,43 @@ def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, method, dtype):
             assert torch.isfinite(out[:, :, :40]).all(), f"{name}: an infinity past the segment's end reached it"
 
 
-def test_reads_by_descriptor_only_where_a_descriptor_can_read_the_rows():
+def test_reads_by_descriptor_only_where_a_descriptor_can_read_the_rows(monkeypatch):
     """The walk's rule for tensor descriptors: 16-bit, r > 128, unit column stride, every other stride a multiple
-    of 16 bytes, 16-byte aligned, rows forward; anything else reads through pointers (and still matches the
-    oracle)."""
+    of 16 bytes, 16-byte aligned, rows forward, and more than half the multiprocessors with a program (counted
+    with 128-wide value tiles); anything else reads through pointers (and still matches the oracle)."""
+    from leettriton.autotune.families import FAMILIES
+    from leettriton.methods.lightning_attention import kernels as walk
     from leettriton.methods.lightning_attention.kernels import reads_by_descriptor
 
     def problem(b, c, v, **kw):
         return make_problem(b, c, v, 0.95, **kw)[0]
 
+    many = 1 << 20  # segments: programs enough for any GPU, so that only the rows decide
     case = Case(1, 1, 40, 200, 16, dtype=torch.float16, seed=3)
     b, c, v, _, _ = case.tensors(DEVICE)
-    assert reads_by_descriptor(problem(b, c, v)) == _DESCRIPTORS
-    assert not reads_by_descriptor(problem(b[..., :128], c[..., :128], v))               # r = 128
-    assert not reads_by_descriptor(problem(b.float(), c.float(), v.float()))             # float32
-    assert not reads_by_descriptor(make_problem(b, c, v, 0.95, reverse=True)[0])         # rows backwards
+    assert reads_by_descriptor(problem(b, c, v), many) == _DESCRIPTORS
+    assert not reads_by_descriptor(problem(b[..., :128], c[..., :128], v), many)               # r = 128
+    assert not reads_by_descriptor(problem(b.float(), c.float(), v.float()), many)             # float32
+    assert not reads_by_descriptor(make_problem(b, c, v, 0.95, reverse=True)[0], many)         # rows backwards
     wide = torch.zeros(1, 1, 40, 208, dtype=b.dtype, device=DEVICE)
     wide[..., 1:201] = b
-    assert not reads_by_descriptor(problem(wide[..., 1:201], c, v))                      # 2-byte aligned
+    assert not reads_by_descriptor(problem(wide[..., 1:201], c, v), many)                      # 2-byte aligned
     odd = torch.zeros(1, 1, 40, 204, dtype=b.dtype, device=DEVICE)
     odd[..., :200] = b
-    assert not reads_by_descriptor(problem(odd[..., :200], c, v))                        # rows 408 bytes apart
+    assert not reads_by_descriptor(problem(odd[..., :200], c, v), many)                        # rows 408 bytes apart
     cols = b.transpose(-1, -2).contiguous().transpose(-1, -2)
-    assert not reads_by_descriptor(problem(cols, c, v))                                  # column stride 40
+    assert not reads_by_descriptor(problem(cols, c, v), many)                                  # column stride 40
+    # the count of programs takes the widest value tile of the walk's sm_90 configs: the fewest programs
+    from leettriton.methods.lightning_attention import space as walk_spaces
+    assert walk.TMA_PROGRAM_BV == max(cfg["BV"] for cfg in walk_spaces.FWD.family_configs("h100"))
+    if _DESCRIPTORS:  # on a family of 132 multiprocessors: 1 head, d = 16, so one program a segment
+        with monkeypatch.context() as m:
+            m.setattr(walk, "current_family", lambda device=None: FAMILIES["h100"])
+            assert not reads_by_descriptor(problem(b, c, v), segments=66)                # 66 of 132
+            assert reads_by_descriptor(problem(b, c, v), segments=67)
+            v2 = torch.cat([v] * 9, dim=-1)                                              # d = 144: two
+            assert reads_by_descriptor(problem(b, c, v2), segments=34)
+            assert not reads_by_descriptor(problem(b, c, v2), segments=33)
     ref = leettriton.reference(b, c, v, 0.95)
     for bb in (wide[..., 1:201], odd[..., :200], cols):
         out = leettriton.linear_attention(bb, c, v, 0.95, method="lightning_attention")

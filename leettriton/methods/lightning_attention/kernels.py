@@ -487,7 +487,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             # the initial state there, and wrote the final state)
             args.update(HAS_INITIAL=True, STORE_STATE=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
-    tma = reads_by_descriptor(p)
+    tma = reads_by_descriptor(p, ns)
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
                 TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
@@ -505,22 +505,32 @@ CHUNK_ROWS_MAX = 128
 (block_based's segment rule aligns them so, ``SEGMENT_ALIGN``)."""
 
 
-def reads_by_descriptor(p: Problem) -> bool:
-    """Whether the walk of ``p`` reads b, c and v through tensor descriptors (TMA on sm_90) instead of pointers.
+TMA_PROGRAM_BV = 128
+"""The widest value tile of the walk's configs: :func:`reads_by_descriptor` counts a launch's programs with it
+(the fewest that launch can have, whatever the config)."""
+
+
+def reads_by_descriptor(p: Problem, segments: int = 1) -> bool:
+    """Whether the walk of ``p`` in ``segments`` segments reads b, c and v through tensor descriptors (TMA on
+    sm_90) instead of pointers.
 
     Where r > 128, where the copy engine's loads save the walk the registers and instructions that addresses
     and masks per element take; at r ≤ 128 they measured no faster, at r = 64 slower (docs/design.md §3.4).
+    And where more than half the multiprocessors get a program (counted with ``TMA_PROGRAM_BV``-wide value
+    tiles): a launch of fewer, long walks measured slower with descriptors.
     The rows must allow a descriptor: 16-bit elements, a unit column stride, every other
     stride a multiple of 16 bytes and every head's first row 16-byte aligned, rows forward in memory (not a
     reversed problem's).  On CUDA devices of compute capability 9 or more, and under the interpreter (which
     emulates descriptors, so the CPU suite runs this path); with a Triton that builds them (:data:`DESCRIPTORS`).
     """
-    if not DESCRIPTORS or p.shape[3] < TMA_MIN_R or p.reverse or p.b.dtype not in (torch.float16, torch.bfloat16):
+    B, H, _, r, d = p.shape
+    if not DESCRIPTORS or r < TMA_MIN_R or p.reverse or p.b.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if not is_interpreting():
-        family = current_family(p.v.device)
-        if family.capability is None or family.capability[0] < 9:
-            return False
+    family = current_family(p.v.device)
+    if not is_interpreting() and (family.capability is None or family.capability[0] < 9):
+        return False
+    if 2 * B * H * segments * cdiv(d, TMA_PROGRAM_BV) <= family.num_sms:
+        return False
     for x in (p.b, p.c, p.v):
         st = x.stride()
         if st[-1] != 1 or st[-2] <= 0 or any(s % 8 for s in st[:-1]) or x.data_ptr() % 16:

@@ -403,3 +403,25 @@ def test_reads_by_descriptor_only_where_a_descriptor_can_read_the_rows(monkeypat
     for bb in (wide[..., 1:201], odd[..., :200], cols):
         out = leettriton.linear_attention(bb, c, v, 0.95, method="lightning_attention")
         assert_close(out, ref, tolerance(torch.float16), "lightning_attention read through pointers")
+
+
+@pytest.mark.skipif(not _DESCRIPTORS, reason="this Triton or device builds no tensor descriptors")
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in (
+    WIDE[-1],                                                                # RetNet-1.3B's head
+    Case(1, 1, 9, 640, 136, dtype=torch.bfloat16, gamma=1.0, initial=True, return_state=True),  # pieces 256, 256, 128
+)])
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_wide_dims_by_descriptor(monkeypatch, method, case):
+    """r and d past 256 in 16 bits with the walk reading through tensor descriptors wherever the rows allow: a
+    GPU's count of programs would send these few heads through pointers (docs/design.md §3.4), so the rule sees
+    a family of one multiprocessor; every piece of r past 128 then reads by descriptor (rows of b, c
+    and v 16-byte multiples, pieces starting at 512-byte offsets), the last piece of 128 through pointers."""
+    from leettriton.methods.lightning_attention import kernels as walk
+
+    family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
+    monkeypatch.setattr(walk, "current_family", lambda device=None: family)
+    rule, decided = walk.reads_by_descriptor, []
+    monkeypatch.setattr(walk, "reads_by_descriptor",
+                        lambda p, segments=1: decided.append((p.shape[3], rule(p, segments))) or decided[-1][1])
+    check_against_oracle(method, case)
+    assert decided and all(tma == (r > 128) for r, tma in decided), decided

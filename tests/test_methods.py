@@ -322,10 +322,18 @@ def _walk(method, b, c, v, gamma):
 def _walk_by_pointer(monkeypatch, method, b, c, v, gamma):
     """:func:`_walk` with the walk reading through pointers (the descriptors' rule switched off)."""
     from leettriton.methods.lightning_attention import kernels as walk
+    from leettriton.plan import clear_plans
 
+    asked = []
     with monkeypatch.context() as m:
-        m.setattr(walk, "reads_by_descriptor", lambda p, segments=1: False)
-        return _walk(method, b, c, v, gamma)
+        m.setattr(walk, "reads_by_descriptor", lambda p, segments=1: asked.append(p) or False)
+        clear_plans()  # a call of this signature made before would replay its launches, descriptors and all
+        try:
+            out = _walk(method, b, c, v, gamma)
+        finally:
+            clear_plans()  # nor may a later call replay these
+    assert asked, "the walk's launch was replayed, not decided again"
+    return out
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # the interpreter's NumPy, on the
@@ -345,6 +353,7 @@ def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, method, dtype):
     # a family of one multiprocessor: the rule's count of programs lets these few through on a GPU too
     family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
     monkeypatch.setattr(walk, "current_family", lambda device=None: family)
+    leettriton.plan.clear_plans()  # an earlier call of this signature would replay its launches
     case = Case(1, 2, 100, 200, 40, dtype=dtype, gamma="tensor", gammas=(0.98, 0.9), seed=21)
     b, c, v, gamma, _ = case.tensors(DEVICE)
     assert walk.reads_by_descriptor(make_problem(b, c, v, gamma)[0]) == _DESCRIPTORS
@@ -417,11 +426,16 @@ def test_wide_dims_by_descriptor(monkeypatch, method, case):
     a family of one multiprocessor; every piece of r past 128 then reads by descriptor (rows of b, c
     and v 16-byte multiples, pieces starting at 512-byte offsets), the last piece of 128 through pointers."""
     from leettriton.methods.lightning_attention import kernels as walk
+    from leettriton.plan import clear_plans
 
     family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
     monkeypatch.setattr(walk, "current_family", lambda device=None: family)
     rule, decided = walk.reads_by_descriptor, []
     monkeypatch.setattr(walk, "reads_by_descriptor",
                         lambda p, segments=1: decided.append((p.shape[3], rule(p, segments))) or decided[-1][1])
-    check_against_oracle(method, case)
+    clear_plans()  # test_wide_dims's calls of these signatures would replay their launches
+    try:
+        check_against_oracle(method, case)
+    finally:
+        clear_plans()  # and later calls must not replay these
     assert decided and all(tma == (r > 128) for r, tma in decided), decided

@@ -12,7 +12,9 @@ Each point records the code and date it was measured with (``"measured"``: git S
 date, torch and triton versions).  ``--remeasure`` measures again every point of
 the selected grid that was measured with other code than the current commit (and
 keeps the file's other points): after a kernel change, the same command brings
-the grid up to date, and rerun after an interruption it resumes.
+the grid up to date, and rerun after an interruption it resumes.  A point measured
+again also times each method at the configs the file held for it, and keeps them
+where they are faster than this run's tuning (marked ``*`` in the point's line).
 
     python -m leettriton.tune --gpu h100 --quick            # a few minutes
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
@@ -34,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -41,7 +44,7 @@ from . import registry
 from .methods import BUILTIN_METHODS
 from .plan import run_problem
 from .problem import MAX_DIM, make_problem
-from .autotune import KERNELS, chosen_configs, current_family, recording
+from .autotune import KERNELS, chosen_configs, current_family, in_family, recording
 from .autotune.families import FAMILIES
 from .autotune.heuristics import FORMAT, default_path
 from .bench.inputs import decay_gammas
@@ -74,12 +77,19 @@ def _git_sha() -> str:
         return "unknown"
 
 
-def _time_method(method, b, c, v, gamma, retune: bool):
-    """(median ms, {kernel space: config}) of one method, each kernel autotuned for this shape; then of
-    each of the method's alternatives (``Method.alternatives``: configs pinned with their own schedule,
-    the method's other kernels autotuned afresh under it), keeping the fastest; then, for each kernel of
-    ``Method.whole_call`` that ran, each of its other configs pinned beside the chosen ones and timed in
-    the whole call (:func:`_refined`)."""
+def _time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] = None):
+    """(median ms, {kernel space: config}, whether ``recorded`` won) of one method, each kernel autotuned
+    for this shape; then of each of the method's alternatives (``Method.alternatives``: configs pinned
+    with their own schedule, the method's other kernels autotuned afresh under it); then of ``recorded``
+    (the configs the file holds for this method at this point, when measured again), pinned, where every
+    one of them is still of its kernel's configs on this family; keeping the fastest; then, for each
+    kernel of ``Method.whole_call`` that ran, each of its other configs pinned beside the chosen ones and
+    timed in the whole call (:func:`_refined`).
+
+    The recorded configs are timed because the autotuner ranks a kernel's configs timed alone, and twice
+    ranked a walk config first that ran 15-60% slower in the whole call than the one the file held
+    (perf/results/h100/tune_r256_descriptors.log, tune_r256_rule.log): measured again, a point keeps the
+    faster of the two."""
     p, _ = make_problem(b, c, v, gamma)
     spec = registry.builtin(method)
     family = current_family(p.v.device)
@@ -89,7 +99,19 @@ def _time_method(method, b, c, v, gamma, retune: bool):
         alt_ms, alt_config, alt_launched = _tuned(p, method, alternative, clear=True)
         if alt_ms < ms:
             ms, config, launched = alt_ms, alt_config, alt_launched
-    return _refined(p, method, spec.whole_call, family, ms, config, launched)
+    won = False
+    if recorded and recorded_in_family(recorded, family):
+        rec_ms, rec_config, rec_launched = _tuned(p, method, recorded, clear=True)
+        if rec_ms < ms:
+            ms, config, launched, won = rec_ms, rec_config, rec_launched, True
+    ms, config = _refined(p, method, spec.whole_call, family, ms, config, launched)
+    return ms, config, won
+
+
+def recorded_in_family(configs: dict, family) -> bool:
+    """Whether every config of ``configs`` ({kernel space name: config}, as a heuristic file records them)
+    is one of its kernel's configs on ``family`` (a file measured with other kernels may hold others)."""
+    return all(name in KERNELS and in_family(KERNELS[name].space, cfg, family) for name, cfg in configs.items())
 
 
 def _refined(p, method: str, spaces, family, ms: float, config: dict, launched: dict):
@@ -302,6 +324,8 @@ def main(argv=None) -> int:
     merged = {k: sorted({json.dumps(x) for x in doc["grid"].get(k, []) + grid[k]}) for k in grid}
     doc["grid"] = {k: [json.loads(x) for x in v] for k, v in merged.items()}
     done = {_point_key(p): p for p in doc["points"]}
+    # each point's configs as the file holds them: a point measured again times them too (_time_method)
+    recorded_configs = {k: p.get("configs", {}) for k, p in done.items()}
     if opts.remeasure:   # only the points measured with this very commit count as done
         done = {k: p for k, p in done.items() if p.get("measured", {}).get("git_sha") == sha != "unknown"}
 
@@ -328,6 +352,7 @@ def main(argv=None) -> int:
             dtype = getattr(torch, dt)
             point = {"dtype": dt, "decay": dec, "r": r, "d": d, "bh": bh, "n": n, "best": None, "config": {},
                      "times_ms": {}, "configs": {}, "measured": provenance}
+            kept: set[str] = set()   # methods whose recorded configs beat this run's tuning (marked * below)
             need = batch * heads * n * (2 * r + 2 * d) * dtype.itemsize
             if need > MEMORY_FRACTION * total_mem:
                 point["note"] = "skipped: inputs exceed the memory budget"
@@ -340,13 +365,17 @@ def main(argv=None) -> int:
                     if method in dropped:
                         point["times_ms"][method] = None
                         continue
+                    recorded = recorded_configs.get(key, {}).get(method)
                     try:
-                        ms, config = _time_method(method, b, c, v, gamma, retune=not opts.no_retune)
+                        ms, config, won = _time_method(method, b, c, v, gamma, retune=not opts.no_retune,
+                                                       recorded=recorded)
                     except torch.cuda.OutOfMemoryError:
                         torch.cuda.empty_cache()
-                        ms, config = None, {}
+                        ms, config, won = None, {}, False
                     point["times_ms"][method] = ms
                     point["configs"][method] = config
+                    if won:
+                        kept.add(method)
                 timed = {m: t for m, t in point["times_ms"].items() if t is not None}
                 if timed:
                     best = min(timed, key=timed.get)
@@ -355,7 +384,8 @@ def main(argv=None) -> int:
                 del b, c, v
             doc["points"] = [p for p in doc["points"] if _point_key(p) != key] + [point]
             _save(out, doc)
-            times = " ".join(f"{m}={t:.3f}" if t is not None else f"{m}=-" for m, t in point["times_ms"].items())
+            times = " ".join(f"{m}={t:.3f}{'*' if m in kept else ''}" if t is not None else f"{m}=-"
+                             for m, t in point["times_ms"].items())
             print(f"[{count}/{todo}] {dt} decay={dec} r={r} d={d} bh={bh} n={n}: best {point['best']}  {times}  "
                   f"({time.time() - start:.0f} s)", flush=True)
     print(f"wrote {out} ({len(doc['points'])} points)", flush=True)

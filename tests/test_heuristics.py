@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -236,18 +237,24 @@ def test_packaged_files_name_configs_of_todays_spaces(path):
     assert not stale, f"{path.name}: {len(stale)} pinned configs outside today's spaces, first {stale[:3]}"
 
 
-def _stand_in_tuner(monkeypatch, sha: str, times: dict, calls: list):
+def _stand_in_tuner(monkeypatch, sha: str, times: dict, calls: list, given: Optional[list] = None,
+                    configs: Optional[dict] = None):
     """tune.main on the CPU: an H100 as far as the checks can tell, points built on the CPU, each method
-    'timed' from ``times`` (method -> ms at n = 16; twice that per doubling of n), every timing recorded."""
+    'timed' from ``times`` (method -> ms at n = 16; twice that per doubling of n), every timing recorded
+    in ``calls``, and the recorded configs each timing was given in ``given``.  A method of ``configs``
+    (method -> configs) returns them, as the winner over its recorded ones when it was given those."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(tune, "current_family", lambda *a: FAMILIES["h100"])
     monkeypatch.setattr(tune, "DEVICE", "cpu")
     monkeypatch.setattr(tune, "_git_sha", lambda: sha)
 
-    def timed(method, b, c, v, gamma, retune):
+    def timed(method, b, c, v, gamma, retune, recorded=None):
         calls.append((method, b.shape[2]))
-        return times[method] * b.shape[2] / 16, {}
+        if given is not None:
+            given.append((method, b.shape[2], recorded))
+        config = (configs or {}).get(method, {})
+        return times[method] * b.shape[2] / 16, config, bool(config) and config == recorded
 
     monkeypatch.setattr(tune, "_time_method", timed)
 
@@ -287,6 +294,67 @@ def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, 
     assert by_n[32]["times_ms"] == {"vanilla": 6.0, "block_based": 4.0}
     assert doc["measured"]["git_sha"] == "bbbbbbb"
     assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 2   # the reader takes the new fields
+
+
+def test_tune_times_a_point_s_recorded_configs_when_it_measures_the_point_again(tmp_path, monkeypatch, capsys):
+    """--remeasure hands each method its configs as the file holds them at the point (none to a point
+    measured for the first time), and the log line marks a method whose recorded configs won."""
+    out = str(tmp_path / "h100.json")
+    grid = _tiny_grid(out, "yes", "vanilla,block_based")
+    first = {"vanilla": {"vanilla.fwd": {"BT": 64, "num_warps": 4, "num_stages": 2}},
+             "block_based": {"block_based.fwd": {"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}}}
+    calls, recorded = [], []
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 2.0}, calls, recorded, first)
+    assert tune.main(grid + ["--n", "16"]) == 0
+    assert recorded == [("vanilla", 16, None), ("block_based", 16, None)]
+    assert "vanilla=1.000 block_based=2.000" in capsys.readouterr().out
+
+    # measured again: the recorded configs go to their methods; vanilla's win (its stand-in returns them)
+    recorded.clear()
+    again = {"vanilla": first["vanilla"], "block_based": {"block_based.fwd": dict(first["block_based"]["block_based.fwd"], BV=128)}}
+    _stand_in_tuner(monkeypatch, "bbbbbbb", {"vanilla": 1.0, "block_based": 2.0}, calls, recorded, again)
+    assert tune.main(grid + ["--n", "16,32", "--remeasure"]) == 0
+    assert recorded == [("vanilla", 16, first["vanilla"]), ("block_based", 16, first["block_based"]),
+                        ("vanilla", 32, None), ("block_based", 32, None)]
+    log = capsys.readouterr().out
+    assert "n=16: best vanilla  vanilla=1.000* block_based=2.000  " in log
+    assert "n=32: best vanilla  vanilla=2.000 block_based=4.000  " in log
+    by_n = {p["n"]: p for p in json.loads(open(out).read())["points"]}
+    assert by_n[16]["configs"] == again
+
+
+def test_a_method_s_recorded_configs_are_timed_pinned_and_kept_only_where_faster(monkeypatch):
+    """_time_method: the file's configs of the point, timed pinned after the tuning, win where faster; a
+    recorded config that is not of its kernel's configs on the family is not timed."""
+    family = FAMILIES["h100"]
+    monkeypatch.setattr(tune, "current_family", lambda *a: family)
+    tuned_cfg, other = KERNELS["vanilla.fwd"].space.family_configs(family)[:2]
+    pinned_runs = []
+
+    def stand_in(ms_recorded):
+        def tuned(p, method, pinned, clear):
+            pinned_runs.append(pinned)
+            if pinned:
+                return ms_recorded, {**pinned}, {}
+            return 2.0, {"vanilla.fwd": tuned_cfg}, {}
+        return tuned
+
+    b = c = v = torch.zeros(1, 1, 8, 4)
+    monkeypatch.setattr(tune, "_tuned", stand_in(1.5))
+    assert tune._time_method("vanilla", b, c, v, None, True) == (2.0, {"vanilla.fwd": tuned_cfg}, False)
+    assert pinned_runs == [{}]
+    assert tune._time_method("vanilla", b, c, v, None, True, {"vanilla.fwd": other}) == (
+        1.5, {"vanilla.fwd": other}, True)
+    monkeypatch.setattr(tune, "_tuned", stand_in(2.5))
+    assert tune._time_method("vanilla", b, c, v, None, True, {"vanilla.fwd": other}) == (
+        2.0, {"vanilla.fwd": tuned_cfg}, False)
+    pinned_runs.clear()
+    foreign = {"vanilla.fwd": dict(other, BT=3)}
+    assert not tune.recorded_in_family(foreign, family)
+    assert not tune.recorded_in_family({"no.such.kernel": other}, family)
+    assert tune.recorded_in_family({"vanilla.fwd": other}, family)
+    assert tune._time_method("vanilla", b, c, v, None, True, foreign) == (2.0, {"vanilla.fwd": tuned_cfg}, False)
+    assert pinned_runs == [{}]
 
 
 def test_tune_writes_the_points_in_key_order_and_a_point_measured_again_keeps_its_place(tmp_path, monkeypatch):
@@ -396,7 +464,7 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
 
     b, c, v, gamma, _ = Case(1, 1, 64, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
-    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=False)
+    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 1.5 and config == {walk: fast}
     # the autotuned call, its timing, then each alternative: tuned (after forgetting), then timed
     assert ran[0] is None and ran[2:] == [{walk: slow}] * 2 + [{walk: fast}] * 2
@@ -404,7 +472,7 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
 
     times["BT64"] = 2.5   # no alternative beats the autotuned choice: it stays
     ran.clear()
-    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=False)
+    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 2.0 and config.get(walk) not in (slow, fast) and config == ran[1]
 
 
@@ -459,7 +527,7 @@ def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen
     # several segments (the interpreter cuts 40 rows, a GPU at least 1024), then one
     segmented, single = (64, 32) if DEVICE == "cpu" else (4096, 512)
     b, c, v, gamma, _ = Case(1, 1, segmented, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
-    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=True)
     chosen = ran[1]   # the autotuned call's configs, as timed
     assert set(chosen) >= {method.spaces[0].name, state.name}
     assert ms == 1.5 and config == {**chosen, state.name: wide}
@@ -469,11 +537,11 @@ def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen
 
     times["wide"] = 2.5   # no other config beats the chosen one: it stays
     ran.clear()
-    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=True)
     assert ms == 2.0 and config == ran[1]
 
     ran.clear()
     seen_args.clear()
     b, c, v, gamma, _ = Case(1, 1, single, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
-    ms, config = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=True)
     assert ms == 2.0 and state.name not in config and len(ran) == 2 and not seen_args

@@ -1,7 +1,8 @@
 """Everything GPU-specific: families, config spaces, the autotune wrapper, heuristic files."""
 from .configs import (KERNELS, KernelSpace, autotune, autotune_enabled, chosen_config, chosen_configs, config_dict,
-                      launch, recording)
+                      in_family, launch, recording)
 from .families import FAMILIES, Family, current_family, is_interpreting
 
 __all__ = ["FAMILIES", "Family", "current_family", "is_interpreting", "KernelSpace", "autotune",
-           "autotune_enabled", "launch", "chosen_config", "chosen_configs", "config_dict", "KERNELS", "recording"]
+           "autotune_enabled", "launch", "chosen_config", "chosen_configs", "config_dict", "KERNELS", "in_family",
+           "recording"]

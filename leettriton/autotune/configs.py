@@ -35,7 +35,7 @@ from .families import FAMILIES, Family, current_family, is_interpreting
 from .launcher import direct_launch
 
 __all__ = ["KernelSpace", "autotune", "launch", "chosen_config", "KERNELS", "config_dict", "autotune_enabled",
-           "recording", "PinnedConfigWarning"]
+           "in_family", "recording", "PinnedConfigWarning"]
 
 ConfigDict = Mapping[str, int]
 
@@ -244,7 +244,8 @@ _WARNED: set = set()
 _MEMBERS: dict[tuple, frozenset] = {}
 
 
-def _in_family(space: KernelSpace, config: ConfigDict, family: Family) -> bool:
+def in_family(space: KernelSpace, config: ConfigDict, family: Family) -> bool:
+    """Whether ``config`` is one of ``space``'s configs on ``family`` (fitting a launch or not)."""
     members = _MEMBERS.get((space.name, family.name))
     if members is None:
         members = _MEMBERS[(space.name, family.name)] = frozenset(
@@ -262,7 +263,7 @@ def _replace_misfit(space: KernelSpace, config: ConfigDict, args: Mapping[str, A
     :class:`PinnedConfigWarning` says so once per kernel and config (the test suite makes it an error).
     """
     family = current_family()
-    if not _in_family(space, config, family):
+    if not in_family(space, config, family):
         key = (space.name, tuple(sorted(config.items())))
         if key not in _WARNED:
             _WARNED.add(key)

@@ -86,10 +86,9 @@ def _time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] 
     kernel of ``Method.whole_call`` that ran, each of its other configs pinned beside the chosen ones and
     timed in the whole call (:func:`_refined`).
 
-    The recorded configs are timed because the autotuner ranks a kernel's configs timed alone, and twice
-    ranked a walk config first that ran 15-60% slower in the whole call than the one the file held
-    (perf/results/h100/tune_r256_descriptors.log, tune_r256_rule.log): measured again, a point keeps the
-    faster of the two."""
+    The recorded configs are timed because a retune twice chose configs that ran 15-60% slower in the
+    whole call than the ones the file held (perf/results/h100/tune_r256_descriptors.log,
+    tune_r256_rule.log): measured again, a point keeps the faster of the two."""
     p, _ = make_problem(b, c, v, gamma)
     spec = registry.builtin(method)
     family = current_family(p.v.device)

@@ -14,8 +14,6 @@ a multiple of the memory floor.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 
@@ -25,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_auto import confirm_rounds  # noqa: E402
 from bench_model_shapes import MODELS  # noqa: E402
 
+import leettriton  # noqa: E402
 from leettriton import bench  # noqa: E402
 from leettriton.bench.timing import copy_bandwidth, memory_floor_ms  # noqa: E402
 from leettriton.methods.lightning_attention import kernels as walk  # noqa: E402
@@ -47,15 +46,15 @@ def with_rule(fn, rule):
 
 
 def file_configs(method, dtype, decay, r, d, bh, n):
-    """``method``'s configs at the nearest point of the heuristic file in use (as ``auto`` finds its point)."""
+    """``method``'s configs at the point of the heuristic file in use that ``auto`` takes for this shape."""
     from leettriton.autotune.families import current_family
-    from leettriton.autotune.heuristics import default_path
-    with open(default_path(current_family().name)) as f:
-        points = json.load(f)["points"]
-    want = [math.log2(max(x, 1)) for x in (bh, n, r, d)]
-    points = [q for q in points if q["dtype"] == dtype and bool(q["decay"]) == decay and method in q.get("configs", {})]
-    best = min(points, key=lambda q: sum((a - math.log2(max(q[k], 1))) ** 2 for a, k in zip(want, ("bh", "n", "r", "d"))))
-    return best["configs"][method]
+    from leettriton.autotune.heuristics import active_heuristics
+    family = current_family().name
+    point = active_heuristics(family, leettriton.METHODS).nearest_point(dtype, decay, r, d, bh, n)
+    if point is None or method not in point.get("configs", {}):
+        raise SystemExit(f"the {family} heuristic file has no configs of {method} at the point nearest to "
+                         f"{dtype} decay={decay} r={r} d={d} bh={bh} n={n}")
+    return point["configs"][method]
 
 
 def main(argv=None) -> int:

@@ -57,6 +57,19 @@ def test_lookup_exact_and_nearest(tmp_path):
     assert h.lookup("bfloat16", True, 128, 128, 32, 1024) is None                   # no such dtype
 
 
+def test_nearest_point_is_the_point_lookup_takes_with_every_method_s_configs(tmp_path):
+    walk = {"block_based.fwd": {"BT": 64, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}}
+    other = dict(point(n=8192, best="block_based", config=walk), times_ms={"block_based": 1.0, "vanilla": 2.0})
+    other["configs"] = {"block_based": walk, "vanilla": {"vanilla.fwd": {"BT": 64, "num_warps": 4, "num_stages": 2}}}
+    h = read_heuristics(write(tmp_path, [point(n=1024, best="vanilla"), other]), methods=leettriton.METHODS)
+    for n in (5000, 8192, 100000):
+        nearest = h.nearest_point("float16", True, 128, 128, 32, n)
+        assert nearest["n"] == 8192 and nearest["configs"] == other["configs"]
+        assert h.lookup("float16", True, 128, 128, 32, n) == ("block_based", walk)
+    assert h.nearest_point("float16", True, 128, 128, 32, 2000)["n"] == 1024
+    assert h.nearest_point("bfloat16", True, 128, 128, 32, 1024) is None
+
+
 @pytest.mark.parametrize("flip", [False, True])
 def test_a_shape_halfway_between_points_gets_the_smaller_whatever_the_file_s_order(tmp_path, flip):
     points = [point(n=2048, best="vanilla"), point(n=8192, best="block_based"),

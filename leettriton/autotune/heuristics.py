@@ -58,7 +58,9 @@ class Heuristics:
         """``(method, config)`` of the nearest measured point, or None when no point has this dtype and decay."""
         return self._cached(dtype, decay, r, d, bh, n)
 
-    def _lookup(self, dtype, decay, r, d, bh, n):
+    def nearest_point(self, dtype: str, decay: bool, r: int, d: int, bh: int, n: int) -> Optional[dict]:
+        """The measured point :meth:`lookup` takes for this shape (with every method's times and configs), or
+        None when no point has this dtype and decay: the nearest in (log batch·heads, log n, log r, log d)."""
         candidates = self._by_kind.get((dtype, decay))
         if not candidates:
             return None
@@ -69,7 +71,12 @@ class Heuristics:
             # a shape halfway between two points (n = 4096 between 2048 and 8192) takes the smaller one
             return sum((a - b) ** 2 for a, b in zip(want, have)), p["r"], p["d"], p["bh"], p["n"]
 
-        best = min(candidates, key=distance)
+        return min(candidates, key=distance)
+
+    def _lookup(self, dtype, decay, r, d, bh, n):
+        best = self.nearest_point(dtype, decay, r, d, bh, n)
+        if best is None:
+            return None
         return best["best"], best.get("config") or {}
 
 

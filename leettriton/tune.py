@@ -20,6 +20,7 @@ where they are faster than this run's tuning (marked ``*`` in the point's line).
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
     python -m leettriton.tune --gpu h100 --rd 128x128 --bh 8,32,128 --n 1024,4096   # a grid of one's own
     python -m leettriton.tune --gpu h100 --quick --remeasure  # the quick grid's points, on today's code
+    python -m leettriton.tune --gpu h100 --remeasure --recorded-only --dtypes float16   # the file's float16 points
 
 Shards measured side by side on several GPUs of one host each write their own file (``--out``);
 ``--merge`` then takes their points into the family's file, without measuring anything:
@@ -209,6 +210,22 @@ def select_grid(opts) -> dict:
     return grid
 
 
+def recorded_grid(grid: dict, points: list, opts) -> dict:
+    """``grid`` with each axis not given on the command line (``--dtypes``, ``--bh``, ``--n``, ``--rd``) replaced
+    by the values of ``points`` on it (``--recorded-only``: a file's points measured again need no list of its
+    axes; ``--decay`` defaults to both)."""
+    given = {"dtype": opts.dtypes, "bh": getattr(opts, "bh", None), "n": getattr(opts, "n", None),
+             "rd": getattr(opts, "rd", None)}
+    grid = dict(grid)
+    for axis, values in given.items():
+        if not values:
+            if axis == "rd":
+                grid[axis] = [list(x) for x in sorted({(p["r"], p["d"]) for p in points})]
+            else:
+                grid[axis] = sorted({p[axis] for p in points})
+    return grid
+
+
 def _read_doc(path: str, family: str) -> dict:
     """A heuristic file's document; ValueError when it is not one of ``family``."""
     with open(path) as f:
@@ -272,6 +289,9 @@ def main(argv=None) -> int:
     ap.add_argument("--restart", action="store_true", help="ignore points already in the output file")
     ap.add_argument("--remeasure", action="store_true",
                     help="measure again the grid's points that were measured with other code than this commit")
+    ap.add_argument("--recorded-only", action="store_true",
+                    help="measure only the grid's points the file holds already (with --remeasure: a sparse file "
+                         "measured again, no point added)")
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
     ap.add_argument("--merge", nargs="+", metavar="FILE",
@@ -311,6 +331,8 @@ def main(argv=None) -> int:
             return 2
     if doc is None:
         doc = {"format": FORMAT, "family": family.name, "measured": {}, "grid": {}, "points": []}
+    if opts.recorded_only:
+        grid = recorded_grid(grid, doc["points"], opts)
     sha = _git_sha()
     doc["measured"] = {
         "device": device_name, "torch": torch.__version__, "triton": __import__("triton").__version__,
@@ -332,13 +354,18 @@ def main(argv=None) -> int:
     start = time.time()
     series = [(dt, dec, rd, bh) for dt in grid["dtype"] for dec in grid["decay"] for rd in grid["rd"]
               for bh in grid["bh"]]
-    count, todo = 0, len(series) * len(grid["n"])
+    held = {_point_key(p) for p in doc["points"]}   # the points the file holds (--recorded-only measures no others)
+    todo = sum(not opts.recorded_only or (dt, dec, r, d, bh, n) in held
+               for dt, dec, (r, d), bh in series for n in grid["n"])
+    count = 0
     for dt, dec, (r, d), bh in series:
         dropped: set[str] = set()
         batch, heads = point_batch_heads(bh)
         for n in grid["n"]:
-            count += 1
             key = (dt, dec, r, d, bh, n)
+            if opts.recorded_only and key not in held:
+                continue
+            count += 1
             if key in done:   # measured already: its losers are not run at larger n either
                 timed = {m: t for m, t in done[key].get("times_ms", {}).items() if t is not None}
                 if timed:

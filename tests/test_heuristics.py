@@ -336,6 +336,38 @@ def test_tune_times_a_point_s_recorded_configs_when_it_measures_the_point_again(
     assert by_n[16]["configs"] == again
 
 
+def test_tune_recorded_only_measures_again_the_file_s_points_and_adds_none(tmp_path, monkeypatch, capsys):
+    """--remeasure --recorded-only: a sparse file's points measured again, the axes the command line does not
+    give taken from the file's points, no point added."""
+    out = str(tmp_path / "h100.json")
+    calls = []
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0}, calls)
+    base = ["--gpu", "h100", "--methods", "vanilla", "--out", out]
+    # a sparse file: float32 r = d = 4 at (bh 1, n 16) and (bh 2, n 32); float16 8 x 8 at (bh 1, n 64), no decay
+    assert tune.main(base + ["--dtypes", "float32", "--decay", "yes", "--rd", "4x4", "--bh", "1", "--n", "16"]) == 0
+    assert tune.main(base + ["--dtypes", "float32", "--decay", "yes", "--rd", "4x4", "--bh", "2", "--n", "32"]) == 0
+    assert tune.main(base + ["--dtypes", "float16", "--decay", "no", "--rd", "8x8", "--bh", "1", "--n", "64"]) == 0
+    held = sorted(tune._point_key(p) for p in json.loads(open(out).read())["points"])
+    assert len(held) == 3
+    capsys.readouterr()
+
+    calls.clear()
+    _stand_in_tuner(monkeypatch, "bbbbbbb", {"vanilla": 2.0}, calls)
+    assert tune.main(base + ["--remeasure", "--recorded-only"]) == 0
+    assert sorted(calls) == [("vanilla", 16), ("vanilla", 32), ("vanilla", 64)]
+    doc = json.loads(open(out).read())
+    assert sorted(tune._point_key(p) for p in doc["points"]) == held
+    assert {p["measured"]["git_sha"] for p in doc["points"]} == {"bbbbbbb"}
+    assert "[3/3]" in capsys.readouterr().out
+
+    # an axis given narrows it: the float32 points only
+    calls.clear()
+    _stand_in_tuner(monkeypatch, "ccccccc", {"vanilla": 2.0}, calls)
+    assert tune.main(base + ["--remeasure", "--recorded-only", "--dtypes", "float32"]) == 0
+    assert sorted(calls) == [("vanilla", 16), ("vanilla", 32)]
+    assert sorted(tune._point_key(p) for p in json.loads(open(out).read())["points"]) == held
+
+
 def test_a_method_s_recorded_configs_are_timed_pinned_and_kept_only_where_faster(monkeypatch):
     """_time_method: the file's configs of the point, timed pinned after the tuning, win where faster; a
     recorded config that is not of its kernel's configs on the family is not timed."""

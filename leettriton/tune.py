@@ -300,6 +300,8 @@ def main(argv=None) -> int:
 
     if opts.merge:
         return merge(opts.out or default_path(opts.gpu), opts.gpu, opts.merge)
+    if opts.recorded_only and opts.restart:
+        ap.error("--recorded-only measures the points the file holds; --restart ignores them")
     if not torch.cuda.is_available():
         print("leettriton.tune: no CUDA device: the heuristic file must be measured on the GPU it is for",
               file=sys.stderr)

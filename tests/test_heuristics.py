@@ -367,6 +367,14 @@ def test_tune_recorded_only_measures_again_the_file_s_points_and_adds_none(tmp_p
     assert sorted(calls) == [("vanilla", 16), ("vanilla", 32)]
     assert sorted(tune._point_key(p) for p in json.loads(open(out).read())["points"]) == held
 
+    # with --restart there would be no points to measure: refused before anything runs
+    calls.clear()
+    before = open(out).read()
+    with pytest.raises(SystemExit):
+        tune.main(base + ["--recorded-only", "--restart"])
+    assert "--recorded-only" in capsys.readouterr().err
+    assert calls == [] and open(out).read() == before
+
 
 def test_a_method_s_recorded_configs_are_timed_pinned_and_kept_only_where_faster(monkeypatch):
     """_time_method: the file's configs of the point, timed pinned after the tuning, win where faster; a

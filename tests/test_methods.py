@@ -336,24 +336,31 @@ def _walk_by_pointer(monkeypatch, method, b, c, v, gamma):
     return out
 
 
+@pytest.fixture
+def one_sm_walk(monkeypatch):
+    """The walk's kernels module, its descriptor rule seeing a family of one multiprocessor (a GPU's count of
+    programs would send a test's few heads through pointers: docs/design.md §3.4), and no plan of another call
+    to replay, before the test or after it (a repeated signature replays its launches, descriptors and all)."""
+    from leettriton.methods.lightning_attention import kernels as walk
+
+    family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
+    monkeypatch.setattr(walk, "current_family", lambda device=None: family)
+    leettriton.plan.clear_plans()
+    yield walk
+    leettriton.plan.clear_plans()
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # the interpreter's NumPy, on the
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # infinities the test puts in
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
-def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, method, dtype):
+def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, one_sm_walk, method, dtype):
     """At r > 128 the walk reads b, c and v through tensor descriptors (docs/design.md §3.4): the outputs are
     bitwise those of the pointer reads, for r = 200 (a descriptor reads the columns past r as zero), n not a
     multiple of the chunk, and (block_based) segments of 40 rows, which end inside a chunk.  A descriptor
     would read the next segment's rows there: an infinity in c, then in v, just past a segment's end leaves
     the outputs before it as the pointer reads give them (finite), not NaN."""
-    import dataclasses
-
-    from leettriton.methods.lightning_attention import kernels as walk
-
-    # a family of one multiprocessor: the rule's count of programs lets these few through on a GPU too
-    family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
-    monkeypatch.setattr(walk, "current_family", lambda device=None: family)
-    leettriton.plan.clear_plans()  # an earlier call of this signature would replay its launches
+    walk = one_sm_walk
     case = Case(1, 2, 100, 200, 40, dtype=dtype, gamma="tensor", gammas=(0.98, 0.9), seed=21)
     b, c, v, gamma, _ = case.tensors(DEVICE)
     assert walk.reads_by_descriptor(make_problem(b, c, v, gamma)[0]) == _DESCRIPTORS
@@ -420,22 +427,14 @@ def test_reads_by_descriptor_only_where_a_descriptor_can_read_the_rows(monkeypat
     Case(1, 1, 9, 640, 136, dtype=torch.bfloat16, gamma=1.0, initial=True, return_state=True),  # pieces 256, 256, 128
 )])
 @pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
-def test_wide_dims_by_descriptor(monkeypatch, method, case):
+def test_wide_dims_by_descriptor(monkeypatch, one_sm_walk, method, case):
     """r and d past 256 in 16 bits with the walk reading through tensor descriptors wherever the rows allow: a
     GPU's count of programs would send these few heads through pointers (docs/design.md §3.4), so the rule sees
     a family of one multiprocessor; every piece of r past 128 then reads by descriptor (rows of b, c
     and v 16-byte multiples, pieces starting at 512-byte offsets), the last piece of 128 through pointers."""
-    from leettriton.methods.lightning_attention import kernels as walk
-    from leettriton.plan import clear_plans
-
-    family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
-    monkeypatch.setattr(walk, "current_family", lambda device=None: family)
+    walk = one_sm_walk
     rule, decided = walk.reads_by_descriptor, []
     monkeypatch.setattr(walk, "reads_by_descriptor",
                         lambda p, segments=1: decided.append((p.shape[3], rule(p, segments))) or decided[-1][1])
-    clear_plans()  # test_wide_dims's calls of these signatures would replay their launches
-    try:
-        check_against_oracle(method, case)
-    finally:
-        clear_plans()  # and later calls must not replay these
+    check_against_oracle(method, case)
     assert decided and all(tma == (r > 128) for r, tma in decided), decided

@@ -78,7 +78,7 @@ def _git_sha() -> str:
         return "unknown"
 
 
-def _time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] = None):
+def time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] = None):
     """(median ms, {kernel space: config}, whether ``recorded`` won) of one method, each kernel autotuned
     for this shape; then of each of the method's alternatives (``Method.alternatives``: configs pinned
     with their own schedule, the method's other kernels autotuned afresh under it); then of ``recorded``
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     merged = {k: sorted({json.dumps(x) for x in doc["grid"].get(k, []) + grid[k]}) for k in grid}
     doc["grid"] = {k: [json.loads(x) for x in v] for k, v in merged.items()}
     done = {_point_key(p): p for p in doc["points"]}
-    # each point's configs as the file holds them: a point measured again times them too (_time_method)
+    # each point's configs as the file holds them: a point measured again times them too (time_method)
     recorded_configs = {k: p.get("configs", {}) for k, p in done.items()}
     if opts.remeasure:   # only the points measured with this very commit count as done
         done = {k: p for k, p in done.items() if p.get("measured", {}).get("git_sha") == sha != "unknown"}
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
                         continue
                     recorded = recorded_configs.get(key, {}).get(method)
                     try:
-                        ms, config, won = _time_method(method, b, c, v, gamma, retune=not opts.no_retune,
+                        ms, config, won = time_method(method, b, c, v, gamma, retune=not opts.no_retune,
                                                        recorded=recorded)
                     except torch.cuda.OutOfMemoryError:
                         torch.cuda.empty_cache()

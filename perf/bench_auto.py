@@ -17,10 +17,12 @@
    r = d = 64) at sequence lengths the tune grid does not hold: ``auto`` (the heuristic file's method
    and config, no tuning on the call path) and every Triton method (each autotuned for the shape: the
    autotuners' caches are cleared before each shape) timed in the same run; a method 10× slower than
-   the best is not run at the larger n of its series.  Then ``auto`` and every method within 1.25× of the
-   sweep's best are timed again in five alternating rounds, and each figure is the median of its rounds
-   (:func:`confirm_rounds`); a row records auto's configs and the configs the best method's autotuners
-   chose.
+   the best is not run at the larger n of its series.  Then every method within 1.25× of the sweep's
+   best is tuned at the shape as the tuner tunes a point (``leettriton.tune.time_method``: its
+   autotuners, its alternative schedules, its whole-call configs), and ``auto`` and those methods, each
+   with its configs pinned, are timed again in five alternating rounds; each figure is the median of its
+   rounds (:func:`contender_rounds`, :func:`confirm_rounds`).  A row records the configs of ``auto``
+   and of the best method.
    Target: auto within 10% of the best on ≥ 90% of the shapes, never worse than 1.5×.
 2. Cold start, each in a fresh process with an empty Triton cache: the wall time of the first ``auto``
    call at a new shape (compile included), then of a second call at another n (no recompile, no
@@ -42,6 +44,8 @@ import torch
 import leettriton
 from leettriton.methods import BUILTIN_METHODS
 from leettriton.bench import decay_gammas, environment, make_inputs, time_ms, write_results
+from leettriton.plan import run_problem
+from leettriton.problem import make_problem
 
 HEADS = 16
 
@@ -134,19 +138,33 @@ def confirm_rounds(calls, rounds: int = ROUNDS, rep_ms: float = ROUND_MS, timer=
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def contender_rounds(b, c, v, gamma, contenders, *, tune=None, rounds=None) -> tuple[dict, dict]:
+    """({name: median ms}, {method: configs}): ``auto`` and each of ``contenders`` timed in alternating
+    rounds (``rounds``: :func:`confirm_rounds`), each contender with the configs a tune of this very shape
+    gives it (``tune(method)`` → {kernel space: config}; by default ``leettriton.tune.time_method``, as
+    the tuner measures a point: its autotuners, its alternative schedules, its whole-call configs), pinned
+    as ``auto`` pins the file's.
+
+    A kernel's autotuner alone times its configs apart from the call, under a schedule of its own: at
+    1 × 32 heads × 8192 (r = d = 128, a point of the tune grid) ``block_based`` autotuned ran slower than
+    ``auto`` with the file's configs for that very point (the rows of that shape in
+    perf/results/h100/bench_auto.md and perf/results/h200/bench_auto.md), so it cannot stand for "the best
+    method tuned at the shape" that ``auto`` is held to.  Each call validates its inputs and allocates its
+    output, as ``auto``'s does."""
+    if tune is None:
+        from leettriton.tune import time_method
+
+        def tune(method):
+            return time_method(method, b, c, v, gamma, retune=True)[1]
+    configs = {m: tune(m) for m in contenders}
+    calls = {AUTO: lambda: leettriton.linear_attention(b, c, v, gamma)}
+    calls.update({m: (lambda m=m: run_problem(make_problem(b, c, v, gamma)[0], m, configs[m])) for m in contenders})
+    return (rounds or confirm_rounds)(calls), configs
+
+
 def _plain(configs):
     """A plan's configs ({space: config} mappings, or None) as plain dicts for the JSON file."""
     return None if configs is None else {space: dict(config) for space, config in configs.items()}
-
-
-def tuned_configs(call) -> dict:
-    """{kernel space: config} that ``call`` launches with (its autotuners' choices at this shape), by
-    recording one call."""
-    from leettriton.autotune import chosen_configs, recording
-
-    with recording() as log:
-        call()
-    return chosen_configs(log)
 
 
 SLOWER_TO_DROP = 10.0
@@ -244,18 +262,16 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
         timed = {m: t for m, t in times.items() if t is not None}
         swept = min(timed, key=timed.get)
         dropped.setdefault(series, set()).update(m for m, t in timed.items() if t > SLOWER_TO_DROP * timed[swept])
-        # auto and the methods near the sweep's best, timed again in alternating rounds (each method still
-        # holds the config its autotuner chose at this shape)
+        # the methods near the sweep's best, tuned at this shape as the tuner tunes a point, and auto, timed
+        # again in alternating rounds
         contenders = sorted(m for m, t in timed.items() if t <= CONTENDER * timed[swept])
-        calls = {AUTO: lambda: leettriton.linear_attention(b, c, v, gamma)}
-        calls.update({m: (lambda m=m: leettriton.linear_attention(b, c, v, gamma, method=m)) for m in contenders})
-        rounds = confirm_rounds(calls)
+        rounds, contender_configs = contender_rounds(b, c, v, gamma, contenders)
         t_auto = rounds.pop(AUTO)
         best = min(rounds, key=rounds.get)
         row = dict(dtype=dt, decay=dec, bh=batch * heads, batch=batch, heads=heads, n=n, r=r, d=d, auto_ms=t_auto,
                    auto_method=chosen, best_method=best, best_ms=rounds[best], ratio=t_auto / rounds[best],
                    times_ms=times, rounds_ms=rounds, auto_configs=_plain(chosen_configs),
-                   best_configs=tuned_configs(lambda: leettriton.linear_attention(b, c, v, gamma, method=best)))
+                   best_configs=_plain(contender_configs[best]))
         rows.append(row)
         print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
               f"ratio {row['ratio']:.2f}", flush=True)

@@ -571,6 +571,50 @@ def test_bench_auto_confirm_rounds_alternate_the_calls_and_keep_each_ones_median
     assert out == {"auto": 1.04, "block_based": 2.0}   # auto: median of 9, 1.02, 1.03, 1.04, 1.05
 
 
+def test_bench_auto_contenders_run_with_the_configs_a_tune_of_the_shape_gives_them(monkeypatch):
+    """``contender_rounds``: each contender is tuned once at the shape (``tune``), and its calls in the rounds
+    run it with those configs pinned, each on a problem made from the shape's inputs (validated, its own
+    output); ``auto``'s calls go through ``linear_attention``; the rounds' figures and the configs come back."""
+    from leettriton.reference import tolerance
+
+    mod = _script("bench_auto")
+    b, c, v = bench.make_inputs(1, 2, 64, 8, 4, torch.float32, "cpu", seed=3)
+    gamma = torch.tensor([0.9, 0.99])
+    configs = {"vanilla": {"vanilla.fwd": {"BT": 16}}, "lightning_attention": {}}
+    tuned, ran, autos = [], [], []
+    real_run = mod.run_problem
+
+    ref = leettriton.reference(b, c, v, gamma)   # float64
+
+    def run(p, method, config):
+        ran.append((method, config, p))
+        real_run(p, method, None)   # the kernels' own CPU configs (the stand-in configs are not of its space)
+        assert bench.rel_error(p.out, ref) <= tolerance(torch.float32)
+
+    monkeypatch.setattr(mod, "run_problem", run)
+    monkeypatch.setattr(mod.leettriton, "linear_attention", lambda *args: autos.append(args))
+
+    def rounds(calls):
+        assert list(calls) == ["auto", "lightning_attention", "vanilla"]
+        for fn in calls.values():
+            fn()
+            fn()
+        return {name: float(i) for i, name in enumerate(calls)}
+
+    def tune(method):
+        tuned.append(method)
+        return configs[method]
+
+    out, got = mod.contender_rounds(b, c, v, gamma, ["lightning_attention", "vanilla"], tune=tune, rounds=rounds)
+    assert tuned == ["lightning_attention", "vanilla"]
+    assert out == {"auto": 0.0, "lightning_attention": 1.0, "vanilla": 2.0} and got == configs
+    assert [(m, cfg) for m, cfg, _ in ran] == [("lightning_attention", {}), ("lightning_attention", {}),
+                                               ("vanilla", configs["vanilla"]), ("vanilla", configs["vanilla"])]
+    assert all(p.b.data_ptr() == b.data_ptr() for _, _, p in ran)   # the shape's own inputs, no copy
+    assert ran[0][2] is not ran[1][2] and ran[0][2].out is not ran[1][2].out   # a problem of its own per call
+    assert len(autos) == 2 and all(args[0] is b and args[3] is gamma for args in autos)
+
+
 def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_each_ones_lower_time(monkeypatch):
     """A cell's rounds time ``auto``, fla's kernel and the fastest of our other methods in the sweep (not a
     slower method, not a peer that failed), on inputs made for them; each records its rounds' median, and

@@ -269,7 +269,7 @@ def _stand_in_tuner(monkeypatch, sha: str, times: dict, calls: list, given: Opti
         config = (configs or {}).get(method, {})
         return times[method] * b.shape[2] / 16, config, bool(config) and config == recorded
 
-    monkeypatch.setattr(tune, "_time_method", timed)
+    monkeypatch.setattr(tune, "time_method", timed)
 
 
 def _tiny_grid(out: str, decay: str, methods: str) -> list:
@@ -377,7 +377,7 @@ def test_tune_recorded_only_measures_again_the_file_s_points_and_adds_none(tmp_p
 
 
 def test_a_method_s_recorded_configs_are_timed_pinned_and_kept_only_where_faster(monkeypatch):
-    """_time_method: the file's configs of the point, timed pinned after the tuning, win where faster; a
+    """time_method: the file's configs of the point, timed pinned after the tuning, win where faster; a
     recorded config that is not of its kernel's configs on the family is not timed."""
     family = FAMILIES["h100"]
     monkeypatch.setattr(tune, "current_family", lambda *a: family)
@@ -394,19 +394,19 @@ def test_a_method_s_recorded_configs_are_timed_pinned_and_kept_only_where_faster
 
     b = c = v = torch.zeros(1, 1, 8, 4)
     monkeypatch.setattr(tune, "_tuned", stand_in(1.5))
-    assert tune._time_method("vanilla", b, c, v, None, True) == (2.0, {"vanilla.fwd": tuned_cfg}, False)
+    assert tune.time_method("vanilla", b, c, v, None, True) == (2.0, {"vanilla.fwd": tuned_cfg}, False)
     assert pinned_runs == [{}]
-    assert tune._time_method("vanilla", b, c, v, None, True, {"vanilla.fwd": other}) == (
+    assert tune.time_method("vanilla", b, c, v, None, True, {"vanilla.fwd": other}) == (
         1.5, {"vanilla.fwd": other}, True)
     monkeypatch.setattr(tune, "_tuned", stand_in(2.5))
-    assert tune._time_method("vanilla", b, c, v, None, True, {"vanilla.fwd": other}) == (
+    assert tune.time_method("vanilla", b, c, v, None, True, {"vanilla.fwd": other}) == (
         2.0, {"vanilla.fwd": tuned_cfg}, False)
     pinned_runs.clear()
     foreign = {"vanilla.fwd": dict(other, BT=3)}
     assert not tune.recorded_in_family(foreign, family)
     assert not tune.recorded_in_family({"no.such.kernel": other}, family)
     assert tune.recorded_in_family({"vanilla.fwd": other}, family)
-    assert tune._time_method("vanilla", b, c, v, None, True, foreign) == (2.0, {"vanilla.fwd": tuned_cfg}, False)
+    assert tune.time_method("vanilla", b, c, v, None, True, foreign) == (2.0, {"vanilla.fwd": tuned_cfg}, False)
     assert pinned_runs == [{}]
 
 
@@ -517,7 +517,7 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
 
     b, c, v, gamma, _ = Case(1, 1, 64, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
-    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=False)
+    ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 1.5 and config == {walk: fast}
     # the autotuned call, its timing, then each alternative: tuned (after forgetting), then timed
     assert ran[0] is None and ran[2:] == [{walk: slow}] * 2 + [{walk: fast}] * 2
@@ -525,7 +525,7 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
 
     times["BT64"] = 2.5   # no alternative beats the autotuned choice: it stays
     ran.clear()
-    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=False)
+    ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 2.0 and config.get(walk) not in (slow, fast) and config == ran[1]
 
 
@@ -580,7 +580,7 @@ def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen
     # several segments (the interpreter cuts 40 rows, a GPU at least 1024), then one
     segmented, single = (64, 32) if DEVICE == "cpu" else (4096, 512)
     b, c, v, gamma, _ = Case(1, 1, segmented, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
-    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=True)
     chosen = ran[1]   # the autotuned call's configs, as timed
     assert set(chosen) >= {method.spaces[0].name, state.name}
     assert ms == 1.5 and config == {**chosen, state.name: wide}
@@ -590,11 +590,11 @@ def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen
 
     times["wide"] = 2.5   # no other config beats the chosen one: it stays
     ran.clear()
-    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=True)
     assert ms == 2.0 and config == ran[1]
 
     ran.clear()
     seen_args.clear()
     b, c, v, gamma, _ = Case(1, 1, single, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
-    ms, config, _ = tune._time_method("block_based", b, c, v, gamma, retune=True)
+    ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=True)
     assert ms == 2.0 and state.name not in config and len(ran) == 2 and not seen_args

@@ -19,7 +19,8 @@
    autotuners' caches are cleared before each shape) timed in the same run; a method 10× slower than
    the best is not run at the larger n of its series.  Then every method within 1.25× of the sweep's
    best is tuned at the shape as the tuner tunes a point (``leettriton.tune.time_method``: its
-   autotuners, its alternative schedules, its whole-call configs), and ``auto`` and those methods, each
+   autotuners, its alternative schedules, its whole-call configs, and ``auto``'s configs where ``auto``
+   runs that method, kept where faster), and ``auto`` and those methods, each
    with its configs pinned, are timed again in five alternating rounds; each figure is the median of its
    rounds (:func:`contender_rounds`, :func:`confirm_rounds`).  A row records the configs of ``auto``
    and of the best method.
@@ -138,12 +139,13 @@ def confirm_rounds(calls, rounds: int = ROUNDS, rep_ms: float = ROUND_MS, timer=
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def contender_rounds(b, c, v, gamma, contenders, *, tune=None, rounds=None) -> tuple[dict, dict]:
+def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, rounds=None) -> tuple[dict, dict]:
     """({name: median ms}, {method: configs}): ``auto`` and each of ``contenders`` timed in alternating
     rounds (``rounds``: :func:`confirm_rounds`), each contender with the configs a tune of this very shape
-    gives it (``tune(method)`` → {kernel space: config}; by default ``leettriton.tune.time_method``, as
-    the tuner measures a point: its autotuners, its alternative schedules, its whole-call configs), pinned
-    as ``auto`` pins the file's.
+    gives it (``tune(method, recorded)`` → {kernel space: config}; by default ``leettriton.tune.time_method``,
+    as the tuner measures a point again: its autotuners, its alternative schedules, its whole-call configs,
+    and ``recorded``, the configs ``auto`` runs that method with (``auto_plan``: (method, configs)), kept
+    where faster), pinned as ``auto`` pins the file's.
 
     A kernel's autotuner alone times its configs apart from the call, under a schedule of its own: at
     1 × 32 heads × 8192 (r = d = 128, a point of the tune grid) ``block_based`` autotuned ran slower than
@@ -154,9 +156,10 @@ def contender_rounds(b, c, v, gamma, contenders, *, tune=None, rounds=None) -> t
     if tune is None:
         from leettriton.tune import time_method
 
-        def tune(method):
-            return time_method(method, b, c, v, gamma, retune=True)[1]
-    configs = {m: tune(m) for m in contenders}
+        def tune(method, recorded):
+            return time_method(method, b, c, v, gamma, retune=True, recorded=recorded)[1]
+    auto_method, auto_configs = auto_plan or (None, None)
+    configs = {m: tune(m, dict(auto_configs or {}) if m == auto_method else None) for m in contenders}
     calls = {AUTO: lambda: leettriton.linear_attention(b, c, v, gamma)}
     calls.update({m: (lambda m=m: run_problem(make_problem(b, c, v, gamma)[0], m, configs[m])) for m in contenders})
     return (rounds or confirm_rounds)(calls), configs
@@ -265,7 +268,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
         # the methods near the sweep's best, tuned at this shape as the tuner tunes a point, and auto, timed
         # again in alternating rounds
         contenders = sorted(m for m, t in timed.items() if t <= CONTENDER * timed[swept])
-        rounds, contender_configs = contender_rounds(b, c, v, gamma, contenders)
+        rounds, contender_configs = contender_rounds(b, c, v, gamma, contenders, auto_plan=(chosen, chosen_configs))
         t_auto = rounds.pop(AUTO)
         best = min(rounds, key=rounds.get)
         row = dict(dtype=dt, decay=dec, bh=batch * heads, batch=batch, heads=heads, n=n, r=r, d=d, auto_ms=t_auto,

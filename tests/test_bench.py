@@ -572,9 +572,10 @@ def test_bench_auto_confirm_rounds_alternate_the_calls_and_keep_each_ones_median
 
 
 def test_bench_auto_contenders_run_with_the_configs_a_tune_of_the_shape_gives_them(monkeypatch):
-    """``contender_rounds``: each contender is tuned once at the shape (``tune``), and its calls in the rounds
-    run it with those configs pinned, each on a problem made from the shape's inputs (validated, its own
-    output); ``auto``'s calls go through ``linear_attention``; the rounds' figures and the configs come back."""
+    """``contender_rounds``: each contender is tuned once at the shape (``tune``, given ``auto``'s configs for
+    the method ``auto`` runs), and its calls in the rounds run it with those configs pinned, each on a problem
+    made from the shape's inputs (validated, its own output); ``auto``'s calls go through
+    ``linear_attention``; the rounds' figures and the configs come back."""
     from leettriton.reference import tolerance
 
     mod = _script("bench_auto")
@@ -601,12 +602,15 @@ def test_bench_auto_contenders_run_with_the_configs_a_tune_of_the_shape_gives_th
             fn()
         return {name: float(i) for i, name in enumerate(calls)}
 
-    def tune(method):
-        tuned.append(method)
+    def tune(method, recorded):
+        tuned.append((method, recorded))
         return configs[method]
 
-    out, got = mod.contender_rounds(b, c, v, gamma, ["lightning_attention", "vanilla"], tune=tune, rounds=rounds)
-    assert tuned == ["lightning_attention", "vanilla"]
+    auto_configs = {"vanilla.fwd": {"BT": 32}}
+    out, got = mod.contender_rounds(b, c, v, gamma, ["lightning_attention", "vanilla"],
+                                    auto_plan=("vanilla", auto_configs), tune=tune, rounds=rounds)
+    # auto's own configs are a candidate of its method's tune only
+    assert tuned == [("lightning_attention", None), ("vanilla", auto_configs)]
     assert out == {"auto": 0.0, "lightning_attention": 1.0, "vanilla": 2.0} and got == configs
     assert [(m, cfg) for m, cfg, _ in ran] == [("lightning_attention", {}), ("lightning_attention", {}),
                                                ("vanilla", configs["vanilla"]), ("vanilla", configs["vanilla"])]

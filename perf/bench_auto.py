@@ -21,9 +21,10 @@
    best is tuned at the shape as the tuner tunes a point (``leettriton.tune.time_method``: its
    autotuners, its alternative schedules, its whole-call configs, and ``auto``'s configs where ``auto``
    runs that method, kept where faster), and ``auto`` and those methods, each
-   with its configs pinned, are timed again in five alternating rounds; each figure is the median of its
-   rounds (:func:`contender_rounds`, :func:`confirm_rounds`).  A row records the configs of ``auto``
-   and of the best method.
+   with its configs pinned, are timed again in five alternating rounds, each call by the replay of its
+   CUDA graph (the kernels' time, not the host's); each figure is the median of its rounds
+   (:func:`contender_rounds`, :func:`confirm_rounds`).  A row records the configs of ``auto`` and of the
+   best method, and how the rounds were timed.
    Target: auto within 10% of the best on ≥ 90% of the shapes, never worse than 1.5×.
 2. Cold start, each in a fresh process with an empty Triton cache: the wall time of the first ``auto``
    call at a new shape (compile included), then of a second call at another n (no recompile, no
@@ -32,6 +33,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -139,13 +141,36 @@ def confirm_rounds(calls, rounds: int = ROUNDS, rep_ms: float = ROUND_MS, timer=
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, rounds=None) -> tuple[dict, dict]:
-    """({name: median ms}, {method: configs}): ``auto`` and each of ``contenders`` timed in alternating
-    rounds (``rounds``: :func:`confirm_rounds`), each contender with the configs a tune of this very shape
-    gives it (``tune(method, recorded)`` → {kernel space: config}; by default ``leettriton.tune.time_method``,
-    as the tuner measures a point again: its autotuners, its alternative schedules, its whole-call configs,
-    and ``recorded``, the configs ``auto`` runs that method with (``auto_plan``: (method, configs)), kept
-    where faster), pinned as ``auto`` pins the file's.
+def graph_replay(fn):
+    """``fn`` (a call on the current CUDA device) captured once in a CUDA graph, after a call on the capture
+    stream: the graph's ``replay``, which runs the call's kernels and nothing of the host's."""
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, rounds=None,
+                     capture=None) -> tuple[dict, dict, str]:
+    """({name: median ms}, {method: configs}, how they were timed): ``auto`` and each of ``contenders`` timed
+    in alternating rounds (``rounds``: :func:`confirm_rounds`), each contender with the configs a tune of
+    this very shape gives it (``tune(method, recorded)`` → {kernel space: config}; by default
+    ``leettriton.tune.time_method``, as the tuner measures a point again: its autotuners, its alternative
+    schedules, its whole-call configs, and ``recorded``, the configs ``auto`` runs that method with
+    (``auto_plan``: (method, configs)), kept where faster), pinned as ``auto`` pins the file's.
+
+    Each call is timed by the replay of its CUDA graph (``capture``: :func:`graph_replay` on CUDA): the
+    kernels' time, the same for a call through ``auto``'s fast path and for a pinned one, which the host
+    prepares more slowly.  Timed from Python, a short call measures the host's time or the kernels' from
+    run to run (perf/ab_compare.py).  Where a capture fails, every call of the shape is timed from Python
+    and the third value says why.
 
     A kernel's autotuner alone times its configs apart from the call, under a schedule of its own: at
     1 × 32 heads × 8192 (r = d = 128, a point of the tune grid) ``block_based`` autotuned ran slower than
@@ -162,7 +187,15 @@ def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, r
     configs = {m: tune(m, dict(auto_configs or {}) if m == auto_method else None) for m in contenders}
     calls = {AUTO: lambda: leettriton.linear_attention(b, c, v, gamma)}
     calls.update({m: (lambda m=m: run_problem(make_problem(b, c, v, gamma)[0], m, configs[m])) for m in contenders})
-    return (rounds or confirm_rounds)(calls), configs
+    if capture is None and b.is_cuda:
+        capture = graph_replay
+    timing = "python call"
+    if capture is not None:
+        try:
+            calls, timing = {name: capture(fn) for name, fn in calls.items()}, "graph replay"
+        except RuntimeError as exc:   # a call that cannot be captured: the shape's calls all from Python
+            timing = f"python call (capture failed: {type(exc).__name__}: {str(exc)[:200]})"
+    return (rounds or confirm_rounds)(calls), configs, timing
 
 
 def _plain(configs):
@@ -268,12 +301,13 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
         # the methods near the sweep's best, tuned at this shape as the tuner tunes a point, and auto, timed
         # again in alternating rounds
         contenders = sorted(m for m, t in timed.items() if t <= CONTENDER * timed[swept])
-        rounds, contender_configs = contender_rounds(b, c, v, gamma, contenders, auto_plan=(chosen, chosen_configs))
+        rounds, contender_configs, timing = contender_rounds(b, c, v, gamma, contenders,
+                                                             auto_plan=(chosen, chosen_configs))
         t_auto = rounds.pop(AUTO)
         best = min(rounds, key=rounds.get)
         row = dict(dtype=dt, decay=dec, bh=batch * heads, batch=batch, heads=heads, n=n, r=r, d=d, auto_ms=t_auto,
                    auto_method=chosen, best_method=best, best_ms=rounds[best], ratio=t_auto / rounds[best],
-                   times_ms=times, rounds_ms=rounds, auto_configs=_plain(chosen_configs),
+                   times_ms=times, rounds_ms=rounds, rounds_timing=timing, auto_configs=_plain(chosen_configs),
                    best_configs=_plain(contender_configs[best]))
         rows.append(row)
         print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
@@ -418,6 +452,8 @@ def _table(rows, cold=None) -> str:
                      f"| {r['best_method']} | {r['best_ms']:.3f} | {r['ratio']:.2f} |")
     lines += ["", f"auto within 10% of the best on {within} of {len(rows)} shapes (target ≥ 90%); "
               f"worst ratio {worst:.2f} (target ≤ 1.5)"]
+    timings = collections.Counter(r.get("rounds_timing", "python call") for r in rows)
+    lines += ["", "rounds timed by " + ", ".join(f"{how} ({k} shapes)" for how, k in sorted(timings.items()))]
     if cold:
         lines += ["", _cold_table(cold)]
     return "\n".join(lines)

@@ -607,16 +607,52 @@ def test_bench_auto_contenders_run_with_the_configs_a_tune_of_the_shape_gives_th
         return configs[method]
 
     auto_configs = {"vanilla.fwd": {"BT": 32}}
-    out, got = mod.contender_rounds(b, c, v, gamma, ["lightning_attention", "vanilla"],
-                                    auto_plan=("vanilla", auto_configs), tune=tune, rounds=rounds)
+    out, got, timing = mod.contender_rounds(b, c, v, gamma, ["lightning_attention", "vanilla"],
+                                            auto_plan=("vanilla", auto_configs), tune=tune, rounds=rounds)
     # auto's own configs are a candidate of its method's tune only
     assert tuned == [("lightning_attention", None), ("vanilla", auto_configs)]
     assert out == {"auto": 0.0, "lightning_attention": 1.0, "vanilla": 2.0} and got == configs
+    assert timing == "python call"   # CPU tensors: nothing to capture
     assert [(m, cfg) for m, cfg, _ in ran] == [("lightning_attention", {}), ("lightning_attention", {}),
                                                ("vanilla", configs["vanilla"]), ("vanilla", configs["vanilla"])]
     assert all(p.b.data_ptr() == b.data_ptr() for _, _, p in ran)   # the shape's own inputs, no copy
     assert ran[0][2] is not ran[1][2] and ran[0][2].out is not ran[1][2].out   # a problem of its own per call
     assert len(autos) == 2 and all(args[0] is b and args[3] is gamma for args in autos)
+
+
+def test_bench_auto_rounds_time_each_call_s_graph_replay_and_say_so_when_a_capture_fails(monkeypatch):
+    """``contender_rounds`` hands the rounds each call's captured replay (``capture``), so that ``auto``'s fast
+    path and a pinned call are timed alike; a capture that fails leaves every call of the shape to be timed
+    from Python, and the timing says why."""
+    mod = _script("bench_auto")
+    b = c = v = torch.zeros(1, 1, 4, 2)
+    captured = []
+
+    def capture(fn):
+        captured.append(fn)
+        return lambda: ("replay", fn)
+
+    seen = {}
+
+    def rounds(calls):
+        seen.update({name: fn() for name, fn in calls.items()})
+        return {name: 1.0 for name in calls}
+
+    _, _, timing = mod.contender_rounds(b, c, v, None, ["vanilla"], tune=lambda m, rec: {}, rounds=rounds,
+                                        capture=capture)
+    assert timing == "graph replay" and len(captured) == 2
+    assert seen == {"auto": ("replay", captured[0]), "vanilla": ("replay", captured[1])}
+
+    def failing(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    ran = []
+    monkeypatch.setattr(mod, "run_problem", lambda p, m, cfg: ran.append(m))
+    monkeypatch.setattr(mod.leettriton, "linear_attention", lambda *args: ran.append("auto"))
+    _, _, timing = mod.contender_rounds(b, c, v, None, ["vanilla"], tune=lambda m, rec: {}, rounds=rounds,
+                                        capture=failing)
+    assert timing.startswith("python call (capture failed: RuntimeError: operation not permitted")
+    assert ran == ["auto", "vanilla"]   # the rounds ran the calls themselves
 
 
 def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_each_ones_lower_time(monkeypatch):

@@ -17,7 +17,9 @@ Each cell's sweep times every entry once.  Then ``auto``, fla's kernel and the b
 timed again in alternating rounds (``bench_auto.confirm_rounds``: five rounds, each timing the three
 in turn, the median of each kept as ``rounds_ms``), and the ratios of the tables and the targets take
 each entry's lower time of the two (:func:`_ms`), so that a slow spell during one timing does not move
-a ratio.
+a ratio.  Those are calls from Python, the host's time included; the same three calls are also captured
+in CUDA graphs and their replays timed in rounds (``graph_ms``: the kernels' time alone), for the
+tables' "fla / auto, kernels".
 
 Targets (issue: real model shapes): ``auto`` ≥ 1.5× faster than ``chunk_simple_gla`` at
 every cell; ≤ 3× the memory floor at RetNet-1.3B's shape, batch 1, n 8192, float16.
@@ -34,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from bench_auto import confirm_rounds  # noqa: E402
+from bench_auto import confirm_rounds, graph_replay  # noqa: E402
 
 from leettriton import bench  # noqa: E402
 from leettriton.autotune import KERNELS  # noqa: E402
@@ -75,7 +77,10 @@ def _ms(row) -> float | None:
 
 def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) -> None:
     """Time ``auto``, fla's kernel and the fastest other method of ours of one cell again, alternating
-    (:func:`confirm_rounds`), on the sweep's inputs (:data:`SEED`), and record each one's ``rounds_ms``."""
+    (:func:`confirm_rounds`), on the sweep's inputs (:data:`SEED`), and record each one's ``rounds_ms``;
+    then each one's call captured in a CUDA graph (``bench_auto.graph_replay``), its replays timed in
+    alternating rounds as well: ``graph_ms``, the kernels' time without the host's (where a capture fails,
+    ``graph_note`` says why and the others are still timed)."""
     dname = bench.dtype_name(dt)
     get = {e.label: common.find(rows, method=e.label, dtype=dname, batch=batch, n=n) for e in entries}
     ok = {label: row for label, row in get.items() if row and row["status"] == "ok" and row["median_ms"]}
@@ -91,7 +96,16 @@ def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) ->
     calls = {label: by_label[label].make(b, c, v, gamma) for label in pick}
     for label, ms in confirm_rounds(calls).items():
         ok[label]["rounds_ms"] = ms
-    del b, c, v, calls
+    graphs = {}
+    for label, fn in calls.items():
+        try:
+            graphs[label] = graph_replay(fn)
+        except RuntimeError as exc:
+            ok[label]["graph_note"] = f"capture failed: {type(exc).__name__}: {str(exc)[:200]}"
+    if len(graphs) >= 2:
+        for label, ms in confirm_rounds(graphs).items():
+            ok[label]["graph_ms"] = ms
+    del b, c, v, calls, graphs
     torch.cuda.empty_cache()
 
 
@@ -133,10 +147,13 @@ def run_model(rep: common.Report, args, model: str, dtypes, batches, seqlens, me
                 speed = None if not (t_auto and t_fla) else t_fla / t_auto
                 if speed is not None:
                     speedups.append(speed)
+                g_auto, g_fla = ((x or {}).get("graph_ms") for x in (auto, fla))
+                kernel_speed = None if not (g_auto and g_fla) else g_fla / g_auto
                 floor = next((x["floor_ms"] for x in get.values() if x), None)
                 ratio = None if not (t_auto and floor) else t_auto / floor
                 body.append([f"{batch} × {n}", *(common.cell(get.get(e.label)) for e in entries), common.fmt_ms(floor),
                              "—" if speed is None else f"{speed:.2f}×",
+                             "—" if kernel_speed is None else f"{kernel_speed:.2f}×",
                              "—" if ratio is None else f"{ratio:.2f}×",
                              best["method"] if best else "—",
                              "—" if not best or not t_fla else f"{t_fla / _ms(best):.2f}×"])
@@ -147,12 +164,15 @@ def run_model(rep: common.Report, args, model: str, dtypes, batches, seqlens, me
                    "—" if not speedups else f"{min(speedups):.2f}× (best {max(speedups):.2f}×)", "≥ 1.5×",
                    None if not speedups or device.type != "cuda" else min(speedups) >= 1.5)
         rep.section(f"{label}: heads {heads}, r = {r}, d = {d}, {dname}, with decay",
-                    ["batch × n", *(e.label for e in entries), "floor ms", "fla / auto", "auto × floor",
-                     "best of the rest", "fla / best"], body,
+                    ["batch × n", *(e.label for e in entries), "floor ms", "fla / auto", "fla / auto, kernels",
+                     "auto × floor", "best of the rest", "fla / best"], body,
                     "Median ms of the sweep (do_bench; p20/p80 in the JSON rows). 'fla / auto', 'auto × floor' and "
                     "'fla / best' take each entry's lower time of the sweep and of five alternating rounds of auto, "
-                    "fla and the best of the rest ('rounds_ms' in the JSON rows). 'fla / auto' > 1: ours is faster. "
-                    "The floor is b, c, v and o once each over the measured copy bandwidth.")
+                    "fla and the best of the rest ('rounds_ms' in the JSON rows), each a call from Python, the "
+                    "host's time included. 'fla / auto, kernels': the same two calls each captured in a CUDA graph, "
+                    "the replays timed in five alternating rounds ('graph_ms'): the kernels' time alone. "
+                    "'fla / auto' > 1: ours is faster. The floor is b, c, v and o once each over the measured copy "
+                    "bandwidth.")
 
 
 def main(argv=None) -> common.Report:

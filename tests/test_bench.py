@@ -658,12 +658,14 @@ def test_bench_auto_rounds_time_each_call_s_graph_replay_and_say_so_when_a_captu
 def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_each_ones_lower_time(monkeypatch):
     """A cell's rounds time ``auto``, fla's kernel and the fastest of our other methods in the sweep (not a
     slower method, not a peer that failed), on inputs made for them; each records its rounds' median, and
-    every ratio takes an entry's lower time of its sweep and its rounds."""
+    every ratio takes an entry's lower time of its sweep and its rounds.  Then the same calls, each captured
+    in a CUDA graph, are timed in rounds of replays (``graph_ms``); a capture that fails is noted and leaves
+    the others timed."""
     mod = _script("bench_model_shapes")
     made = []
 
     def entry(label, kind):
-        return bench.Entry(label, kind, lambda b, c, v, g, label=label: made.append((label, b)) or (lambda: None))
+        return bench.Entry(label, kind, lambda b, c, v, g, label=label: made.append((label, b)) or (lambda: label))
 
     def row(method, ms, kind="triton", status="ok"):
         return dict(method=method, kind=kind, dtype="float16", batch=1, n=64, status=status, median_ms=ms)
@@ -672,21 +674,36 @@ def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_e
                entry(mod.FLA, "peer"), entry("lightning_attn2", "peer")]
     rows = [row("auto", 1.0, "auto"), row("block_based", 0.9), row("lightning_attention", 1.2),
             row(mod.FLA, 3.0, "peer"), row("lightning_attn2", None, "peer", "error")]
-    timed = []
+    timed, captured = [], []
 
     def rounds(calls):
         timed.append(list(calls))
-        return {"auto": 1.1, "block_based": 0.8, mod.FLA: 2.5}
+        if len(timed) == 1:
+            return {"auto": 1.1, "block_based": 0.8, mod.FLA: 2.5}
+        assert all(fn() == ("replay", label) for label, fn in calls.items())   # the captured calls
+        return {"auto": 0.7, "block_based": 0.6}
+
+    def capture(fn):
+        label = fn()   # the stand-in call returns its entry's label
+        captured.append(label)
+        if label == mod.FLA:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return lambda: ("replay", label)
 
     monkeypatch.setattr(mod, "confirm_rounds", rounds)
+    monkeypatch.setattr(mod, "graph_replay", capture)
     mod.time_in_rounds(rows, entries, torch.float16, 1, 64, 2, 8, 4, "cpu",
                        ["auto", "block_based", "lightning_attention"])
-    assert timed == [["auto", mod.FLA, "block_based"]]
+    # the calls from Python in rounds, then the captured ones (fla's capture failed: noted, the rest timed)
+    assert timed == [["auto", mod.FLA, "block_based"], ["auto", "block_based"]]
+    assert captured == ["auto", mod.FLA, "block_based"]
     assert [label for label, _ in made] == ["auto", mod.FLA, "block_based"]
     sweep_b = bench.make_inputs(1, 2, 64, 8, 4, torch.float16, "cpu", seed=mod.SEED)[0]   # the sweep's b
     assert all(torch.equal(b, sweep_b) for _, b in made)
     by = {r["method"]: r for r in rows}
     assert (by["auto"]["rounds_ms"], by["block_based"]["rounds_ms"], by[mod.FLA]["rounds_ms"]) == (1.1, 0.8, 2.5)
+    assert (by["auto"]["graph_ms"], by["block_based"]["graph_ms"]) == (0.7, 0.6) and "graph_ms" not in by[mod.FLA]
+    assert by[mod.FLA]["graph_note"].startswith("capture failed: RuntimeError: operation not permitted")
     assert "rounds_ms" not in by["lightning_attention"] and "rounds_ms" not in by["lightning_attn2"]
     assert [mod._ms(by[m]) for m in ("auto", "block_based", "lightning_attention", mod.FLA)] == [1.0, 0.8, 1.2, 2.5]
     assert mod._ms(by["lightning_attn2"]) is None and mod._ms(None) is None

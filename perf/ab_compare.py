@@ -36,7 +36,9 @@ HEADS, R, D = 32, 128, 128
 
 
 def _time(fn, rep_ms: int) -> dict:
-    """``gpu``: median ms of the call's CUDA-graph replay; ``wall``: ms per call from Python, host included."""
+    """``gpu``: median ms of the call's CUDA-graph replay; ``wall``: ms per call from Python, host included.
+    (The capture is written out here, not taken from ``leettriton.bench.graph_replay``: this script measures
+    trees of any commit, older ones without that helper.)"""
     import time
 
     import torch

@@ -4,7 +4,7 @@
 
 For each shape (batch × heads × n, r = d = 128 unless given, with decay): auto's method, configs and
 schedule; ``auto`` timed as perf/bench_auto.py times it (``time_ms``: CUDA events around each call,
-so host time that leaves the GPU idle counts) and as a replayed CUDA graph (GPU time alone); the same
+so host time that leaves the GPU idle counts) and as a replayed CUDA graph (``leettriton.bench.graph_replay``: GPU time alone); the same
 for ``block_based`` and ``lightning_attention`` autotuned at the shape (their caches cleared first).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 
 import leettriton
 from leettriton.autotune import KERNELS
-from leettriton.bench import time_ms
+from leettriton.bench import graph_replay, time_ms
 from leettriton.bench.inputs import decay_gammas, make_inputs
 from leettriton.plan import resolve
 from leettriton.problem import make_problem
@@ -26,15 +26,7 @@ from leettriton.problem import make_problem
 def graph_ms(fn) -> float:
     """Median ms of ``fn`` captured once in a CUDA graph and replayed (no host time)."""
     fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    return float(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
+    return float(triton.testing.do_bench(graph_replay(fn), warmup=25, rep=100, return_mode="median"))
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ import torch
 
 import leettriton
 from leettriton.methods import BUILTIN_METHODS
-from leettriton.bench import decay_gammas, environment, make_inputs, time_ms, write_results
+from leettriton.bench import decay_gammas, environment, graph_replay, make_inputs, time_ms, write_results
 from leettriton.plan import run_problem
 from leettriton.problem import make_problem
 
@@ -141,22 +141,6 @@ def confirm_rounds(calls, rounds: int = ROUNDS, rep_ms: float = ROUND_MS, timer=
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def graph_replay(fn):
-    """``fn`` (a call on the current CUDA device) captured once in a CUDA graph, after a call on the capture
-    stream: the graph's ``replay``, which runs the call's kernels and nothing of the host's."""
-    torch.cuda.synchronize()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return graph.replay
-
-
 def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, rounds=None,
                      capture=None) -> tuple[dict, dict, str]:
     """({name: median ms}, {method: configs}, how they were timed): ``auto`` and each of ``contenders`` timed
@@ -166,9 +150,9 @@ def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, r
     schedules, its whole-call configs, and ``recorded``, the configs ``auto`` runs that method with
     (``auto_plan``: (method, configs)), kept where faster), pinned as ``auto`` pins the file's.
 
-    Each call is timed by the replay of its CUDA graph (``capture``: :func:`graph_replay` on CUDA): the
-    kernels' time, the same for a call through ``auto``'s fast path and for a pinned one, which the host
-    prepares more slowly.  Timed from Python, a short call measures the host's time or the kernels' from
+    Each call is timed by the replay of its CUDA graph (``capture``: ``leettriton.bench.graph_replay`` on
+    CUDA): the kernels' time, the same for a call through ``auto``'s fast path and for a pinned one, which
+    the host prepares more slowly.  Timed from Python, a short call measures the host's time or the kernels' from
     run to run (perf/ab_compare.py).  Where a capture fails, every call of the shape is timed from Python
     and the third value says why.
 

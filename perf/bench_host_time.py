@@ -71,22 +71,13 @@ def graph_ms(fn, device, rep_ms: float, notes: list, what: str):
         return None
     import triton
 
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(stream):
-            fn()                              # once on the capture stream, as torch asks
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        return triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])[0]
+        replay = bench.graph_replay(fn)
+        return triton.testing.do_bench(replay, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])[0]
     except Exception as exc:  # noqa: BLE001  (reported; the time from Python still counts)
         notes.append(f"{what}: no CUDA graph ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
         torch.cuda.synchronize()
         return None
-    finally:
-        del graph
 
 
 def us(ms) -> str:

@@ -36,9 +36,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from bench_auto import confirm_rounds, graph_replay  # noqa: E402
+from bench_auto import confirm_rounds  # noqa: E402
 
 from leettriton import bench  # noqa: E402
+from leettriton.bench import graph_replay  # noqa: E402
 from leettriton.autotune import KERNELS  # noqa: E402
 
 NAME = "bench_model_shapes"
@@ -78,7 +79,7 @@ def _ms(row) -> float | None:
 def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) -> None:
     """Time ``auto``, fla's kernel and the fastest other method of ours of one cell again, alternating
     (:func:`confirm_rounds`), on the sweep's inputs (:data:`SEED`), and record each one's ``rounds_ms``;
-    then each one's call captured in a CUDA graph (``bench_auto.graph_replay``), its replays timed in
+    then each one's call captured in a CUDA graph (``leettriton.bench.graph_replay``), its replays timed in
     alternating rounds as well: ``graph_ms``, the kernels' time without the host's (where a capture fails,
     ``graph_note`` says why and the others are still timed)."""
     dname = bench.dtype_name(dt)

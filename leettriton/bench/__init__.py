@@ -25,11 +25,11 @@ from .grid import (Entry, cell_key, default_methods, method_entry, peer_entry, p
 from .inputs import decay_gammas, default_device, dtype_name, make_inputs, parse_dtype
 from .peers import CHUNKED_PEERS, Prepared, peer_decode, peers
 from .report import ROW_FIELDS, format_tables, markdown_table, plot, read_results, write_csv, write_results
-from .timing import copy_bandwidth, free_memory, memory_floor_ms, sync, time_ms
+from .timing import copy_bandwidth, free_memory, graph_replay, memory_floor_ms, sync, time_ms
 from .user import benchmark_method
 
 __all__ = [
-    "benchmark_method", "time_ms", "copy_bandwidth", "memory_floor_ms", "environment", "make_inputs",
+    "benchmark_method", "time_ms", "graph_replay", "copy_bandwidth", "memory_floor_ms", "environment", "make_inputs",
     "decay_gammas", "peers", "peer_decode", "rel_error", "measure", "write_results", "write_csv", "format_tables",
     "gpu_slug", "parse_dtype", "markdown_table", "dtype_name", "error_subset", "oracle", "Oracle", "Measurement",
     "Prepared", "Entry", "method_entry", "peer_entry", "user_entry", "run_grid", "default_methods", "default_device",

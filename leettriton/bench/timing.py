@@ -16,7 +16,7 @@ import torch
 
 from .inputs import parse_dtype, resolve_device
 
-__all__ = ["sync", "free_memory", "time_ms", "cpu_time_ms", "copy_bandwidth", "memory_floor_ms"]
+__all__ = ["sync", "free_memory", "time_ms", "cpu_time_ms", "graph_replay", "copy_bandwidth", "memory_floor_ms"]
 
 CPU_MIN_SAMPLES = 5
 """Fewest timed calls behind a CPU median (a call slower than a third of ``rep_ms``: three)."""
@@ -91,6 +91,32 @@ def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100
         return float(med), float(p20), float(p80)
     med, p20, p80 = _quantiles(samples, (0.5, 0.2, 0.8))
     return med, p20, p80
+
+
+def graph_replay(fn: Callable[[], Any]) -> Callable[[], None]:
+    """``fn`` (a call on the current CUDA device) captured once in a CUDA graph: the graph's ``replay``, which
+    runs the call's kernels and nothing of the host's (timed with :func:`time_ms`: the GPU time alone).
+
+    ``fn`` runs once on the capture stream first (compiling and tuning there, as torch asks of a capture);
+    a call that cannot be captured (a device sync, a host read of a device value) raises torch's
+    ``RuntimeError``.  The replay's outputs live in the graph's own memory, kept while the replay is.
+
+    Example::
+
+        >>> replay = graph_replay(lambda: leettriton.linear_attention(b, c, v, 0.99))
+        >>> med, p20, p80 = time_ms(replay, warm=False)
+    """
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graph.replay
 
 
 def cpu_time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100, warm: bool = True,

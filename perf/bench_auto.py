@@ -166,7 +166,9 @@ def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, r
         from leettriton.tune import time_method
 
         def tune(method, recorded):
-            return time_method(method, b, c, v, gamma, retune=True, recorded=recorded)[1]
+            # retune=False: the sweep's autotuners chose at this very shape (their caches cleared before it);
+            # an earlier contender's alternatives clear them again, and those that find none tune afresh
+            return time_method(method, b, c, v, gamma, retune=False, recorded=recorded)[1]
     auto_method, auto_configs = auto_plan or (None, None)
     configs = {m: tune(m, dict(auto_configs or {}) if m == auto_method else None) for m in contenders}
     calls = {AUTO: lambda: leettriton.linear_attention(b, c, v, gamma)}

@@ -2,9 +2,14 @@
 
     python perf/walk_sass.py --r 256 --d 512 --dtype float16 \\
         --config '{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}'
+    python perf/walk_sass.py --method block_based --heads 8 --n 8192 --r 256 --d 512 --config '{...}'
+    python perf/walk_sass.py --method block_based --kernel segments.state --heads 8 --n 8192 --r 256 --d 512 \\
+        --config '{"BT": 64, "BK": 256, "BV": 128, "num_warps": 8, "num_stages": 3}'
 
 Compiles ``lightning_attention``'s walk (the body ``block_based`` shares) for the launch the CPU
-records at that r, d and dtype, with the config pinned, disassembles the cubin with the ``nvdisasm``
+records at that r, d and dtype (or ``--method block_based``'s segmented walk, or with ``--kernel`` another
+of its kernels, such as the state pass ``segments.state``, at batch 1 × ``--heads`` × ``--n``, the H100's
+schedule), with the config pinned, disassembles the cubin with the ``nvdisasm``
 of Triton's wheel, and counts the instructions of the kernel and of its largest loop (one chunk of
 BT rows, per thread): warpgroup MMAs (``HGMMA``), warp MMAs (``HMMA``), conversions (``F2FP``),
 float multiplies and maxima, shared-memory loads.  Static counts: a guide to where a chunk's issue
@@ -68,14 +73,26 @@ def main(argv=None) -> int:
     ap.add_argument("--r", type=int, default=128)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    ap.add_argument("--config", required=True, help="the walk config, JSON")
+    ap.add_argument("--config", required=True, help="the kernel's config, JSON")
+    ap.add_argument("--method", default="lightning_attention", choices=["lightning_attention", "block_based"])
+    ap.add_argument("--kernel", default=None, help="the kernel's config space (default: the method's walk)")
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--row-scale", action="store_true",
+                    help="block_based float16: the walk's state scaled by each chunk's row maxima, not the bound")
     opts = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
     cfg = json.loads(opts.config)
-    calls = record_launches("lightning_attention", getattr(torch, opts.dtype), n=256, r=opts.r, d=opts.d,
-                            family=FAMILIES["h100"])
-    kernel, args = next((k, a) for k, a in calls if k.space.name == "lightning_attention.fwd")
+    if opts.row_scale:
+        from leettriton.methods.block_based import kernels as block_based
+        block_based.BOUND_SCALE = False
+    calls = record_launches(opts.method, getattr(torch, opts.dtype), H=opts.heads, n=opts.n, r=opts.r, d=opts.d,
+                            state=False, family=FAMILIES["h100"])
+    name = opts.kernel or f"{opts.method}.fwd"
+    kernel, args = next(((k, a) for k, a in calls if k.space.name == name), (None, None))
+    if kernel is None:
+        ap.error(f"no launch of {name} among {[k.space.name for k, _ in calls]}")
     meta = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
     sig, constexprs, attrs = _signature(kernel.fn, {**args, **meta})
     compiled = triton.compile(ASTSource(fn=kernel.fn, signature=sig, constexprs=constexprs, attrs=attrs),
@@ -87,8 +104,9 @@ def main(argv=None) -> int:
         nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
         sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
     whole, loop = instruction_mix(sass)
-    print(f"# triton {triton.__version__}, sm_90, {opts.dtype}, r = {opts.r}, d = {opts.d}, {json.dumps(cfg)}: "
-          f"shared {compiled.metadata.shared} B")
+    flags = {k: args[k] for k in ("SEGMENTED", "PREFIX", "BOUND", "MAXIMA") if k in args}
+    print(f"# triton {triton.__version__}, sm_90, {name}, {opts.dtype}, r = {opts.r}, d = {opts.d}, {json.dumps(cfg)}, "
+          f"{flags}: shared {compiled.metadata.shared} B")
     print(f"kernel: {sum(whole.values())} instructions")
     print(f"loop (one chunk, per thread): {sum(loop.values())} instructions: "
           + " ".join(f"{k} {v}" for k, v in loop.most_common(16)))

@@ -57,17 +57,19 @@ def stages(p, configs, head, side):
         side.wait_stream(main)
         with torch.cuda.stream(side):
             walk_first()
-        ws = local()
+        ws, maxima = local()
         main.wait_stream(side)
-        walk_segments(rest, plan, ws)
+        walk_segments(rest, plan, ws, maxima=maxima)
 
     def serial():
         walk_first()
-        walk_segments(rest, plan, local())
+        ws, maxima = local()
+        walk_segments(rest, plan, ws, maxima=maxima)
 
-    ws_keep = local()
+    ws_keep, maxima_keep = local()
     return dict(run=run, serial=serial, first=walk_first, local=local,
-                walk=lambda: walk_segments(rest, plan, ws_keep if sched["prefix"] else ws_keep.clone())), sched
+                walk=lambda: walk_segments(rest, plan, ws_keep if sched["prefix"] else ws_keep.clone(),
+                                           maxima=maxima_keep)), sched
 
 
 def main(argv=None) -> int:

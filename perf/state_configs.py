@@ -8,9 +8,7 @@ The segments are the ones ``block_based`` cuts for the pinned walk config (metho
 the state pass in the rule's pieces.  For each state config and shape: the local states of every segment
 but the last (kernels/segments.py: ``segment_local_states``), their largest error relative to the largest
 entry against the float64 sums, the median time of the pass alone (``triton.testing.do_bench``), and
-``block_based`` as a whole with both configs pinned, its error against the float64 oracle.  In float16 also
-the pass as ``block_based`` runs it there (``+maxima``: every piece, the last segment's too, with the
-segments' largest |c| and |v| for the walk's state bound, docs/design.md §2.3).  One process
+``block_based`` as a whole with both configs pinned, its error against the float64 oracle.  One process
 for every config (a config that fails prints its error and the next one runs).
 """
 from __future__ import annotations
@@ -52,7 +50,7 @@ def main(argv=None) -> int:
     from leettriton.problem import make_problem
     import leettriton.autotune.configs as configs
     from leettriton.methods.block_based import space as bb
-    from leettriton.kernels.segments import segment_local_states, segment_maxima
+    from leettriton.kernels.segments import segment_local_states
 
     configs._fits = lambda space, config, args: True   # run the configs as given
     dt = getattr(torch, opts.dtype)
@@ -88,13 +86,7 @@ def main(argv=None) -> int:
                 err = check.error(out)
                 ms = triton.testing.do_bench(lambda: run_problem(p, "block_based", pinned), warmup=25, rep=100,
                                              return_mode="median")
-                what = f"state {state_ms:.4f} ms (err {state_err:.1e})  "
-                if dt == torch.float16:
-                    maxima = segment_maxima(p, piece)
-                    mx_ms = triton.testing.do_bench(lambda: segment_local_states(p, piece, pinned, maxima=maxima),
-                                                    warmup=25, rep=100, return_mode="median")
-                    what += f"+maxima {mx_ms:.4f} ms  "
-                what += f"block_based {ms:.4f} ms (err {err:.1e})"
+                what = (f"state {state_ms:.4f} ms (err {state_err:.1e})  block_based {ms:.4f} ms (err {err:.1e})")
             except Exception as e:  # noqa: BLE001 - a config outside the space may fail to compile or launch
                 what = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
             print(f"{json.dumps(cfg):72s} {batch:>2} x {n:<6} seg {seg:<6} split {split:<2} {what}", flush=True)

@@ -30,8 +30,7 @@ from leettriton.plan import run_problem
 from leettriton.problem import make_problem
 import leettriton.autotune.configs as configs
 from leettriton.methods.block_based import space as bb
-from leettriton.kernels.segments import segment_local_states, segment_maxima
-from leettriton.methods.block_based import kernels as bb_kernels
+from leettriton.kernels.segments import segment_local_states
 
 cfg, pps_list, shapes, dtype = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 use_decay, precision = sys.argv[5] == "decay", sys.argv[6]
@@ -61,14 +60,9 @@ for batch, n in shapes:
             err = check.error(out)
             ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
             res = dict(ms=ms, err=err)
-            if seg < n:   # the segment-state pass alone, as the call runs it: every segment but the last, in its
-                # pieces; in float16 every piece, with the segments' largest |c| and |v| (the walk's state bound)
-                if dt == torch.float16 and bb_kernels.BOUND_SCALE:
-                    maxima = segment_maxima(p, seg // split)
-                    states = lambda: segment_local_states(p, seg // split, pinned, maxima=maxima)
-                else:
-                    count = (-(-n // seg) - 1) * split
-                    states = lambda: segment_local_states(p, seg // split, pinned, count=count)
+            if seg < n:   # the segment-state pass alone (every segment but the last, in its pieces)
+                count = (-(-n // seg) - 1) * split
+                states = lambda: segment_local_states(p, seg // split, pinned, count=count)
                 res["state_ms"] = triton.testing.do_bench(states, warmup=25, rep=100, return_mode="median")
         except Exception as e:
             res = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")

@@ -57,19 +57,17 @@ def stages(p, configs, head, side):
         side.wait_stream(main)
         with torch.cuda.stream(side):
             walk_first()
-        ws, maxima = local()
+        ws = local()
         main.wait_stream(side)
-        walk_segments(rest, plan, ws, maxima=maxima)
+        walk_segments(rest, plan, ws)
 
     def serial():
         walk_first()
-        ws, maxima = local()
-        walk_segments(rest, plan, ws, maxima=maxima)
+        walk_segments(rest, plan, local())
 
-    ws_keep, maxima_keep = local()
+    ws_keep = local()
     return dict(run=run, serial=serial, first=walk_first, local=local,
-                walk=lambda: walk_segments(rest, plan, ws_keep if sched["prefix"] else ws_keep.clone(),
-                                           maxima=maxima_keep)), sched
+                walk=lambda: walk_segments(rest, plan, ws_keep if sched["prefix"] else ws_keep.clone())), sched
 
 
 def main(argv=None) -> int:

@@ -78,15 +78,10 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", default=None, help="the kernel's config space (default: the method's walk)")
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--n", type=int, default=256)
-    ap.add_argument("--row-scale", action="store_true",
-                    help="block_based float16: the walk's state scaled by each chunk's row maxima, not the bound")
     opts = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
     cfg = json.loads(opts.config)
-    if opts.row_scale:
-        from leettriton.methods.block_based import kernels as block_based
-        block_based.BOUND_SCALE = False
     calls = record_launches(opts.method, getattr(torch, opts.dtype), H=opts.heads, n=opts.n, r=opts.r, d=opts.d,
                             state=False, family=FAMILIES["h100"])
     name = opts.kernel or f"{opts.method}.fwd"
@@ -104,7 +99,7 @@ def main(argv=None) -> int:
         nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
         sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
     whole, loop = instruction_mix(sass)
-    flags = {k: args[k] for k in ("SEGMENTED", "PREFIX", "BOUND", "MAXIMA") if k in args}
+    flags = {k: args[k] for k in ("SEGMENTED", "PREFIX") if k in args}
     print(f"# triton {triton.__version__}, sm_90, {name}, {opts.dtype}, r = {opts.r}, d = {opts.d}, {json.dumps(cfg)}, "
           f"{flags}: shared {compiled.metadata.shared} B")
     print(f"kernel: {sum(whole.values())} instructions")

@@ -301,57 +301,6 @@ def test_float16_state_beyond_float16_range(method, gamma):
     assert_close(state, ref_state, tolerance(torch.float16), f"{method} float16 state")
 
 
-@pytest.mark.parametrize("schedule", [dict(seg_len=40, split=1, prefix=True), dict(seg_len=80, split=2, prefix=False)],
-                         ids=["prefix", "pieces"])
-@pytest.mark.parametrize("gamma", [None, 0.999])
-def test_float16_bound_from_every_segment(schedule, gamma):
-    """block_based in float16 keeps its walk's state scaled by a bound carried from each segment's largest |c|
-    and |v| (docs/design.md §2.3), which the state pass gives for every piece, the last segment's too: here c
-    and v of the last segment alone drive the state past 65 504 (b small, so that the output fits float16),
-    and the output and the final state stay accurate; a bound without the last segment's maxima overflows."""
-    from leettriton.methods.block_based.kernels import block_based_fwd
-    from leettriton.methods.spec import Plan
-
-    g = torch.Generator().manual_seed(7)
-    B, H, n, r, d = 1, 2, 200, 24, 40
-    b = (torch.randn(B, H, n, r, generator=g) * 1e-4).to(torch.float16)
-    c, v = (torch.rand(B, H, n, x, generator=g) for x in (r, d))
-    c[:, :, 160:] *= 100
-    v[:, :, 160:] *= 100
-    b, c, v = (x.to(torch.float16).to(DEVICE) for x in (b, c, v))
-    gam = None if gamma is None else torch.full((H,), gamma, device=DEVICE)
-    p, out = make_problem(b, c, v, gam, return_state=True)
-    block_based_fwd(p, Plan("block_based", block_based_fwd, schedule=schedule))
-    ref, ref_state = leettriton.reference(b, c, v, gam, return_state=True)
-    assert ref_state.abs().max() > 2 * 65504 and ref.abs().max() < 6e4   # the state, not the output, is out of range
-    assert_close(out, ref, tolerance(torch.float16), f"block_based float16 {schedule}, the last segment's state")
-    assert_close(p.state, ref_state, tolerance(torch.float16), f"block_based float16 {schedule}, final state")
-
-
-@pytest.mark.parametrize("count", [None, 3])
-def test_segment_maxima(count):
-    """The state pass, asked for them, gives each piece's largest |c| and |v| (of the pieces it computes; the
-    others stay zero), and the same local states as without them."""
-    from leettriton.kernels.segments import segment_local_states, segment_maxima
-
-    g = torch.Generator().manual_seed(3)
-    B, H, n, r, d, piece = 2, 3, 150, 20, 36, 40
-    b, c, v = (torch.randn(B, H, n, x, generator=g) * torch.rand(B, H, n, 1, generator=g) * 5 for x in (r, r, d))
-    b, c, v = (x.to(torch.float16).to(DEVICE) for x in (b, c, v))
-    p, _ = make_problem(b, c, v, torch.full((H,), 0.99, device=DEVICE))
-    maxima = segment_maxima(p, piece)
-    ws = segment_local_states(p, piece, count=count, maxima=maxima)
-    plain = segment_local_states(p, piece, count=count)
-    pieces = -(-n // piece)
-    done = pieces if count is None else count
-    pad = pieces * piece - n
-    expect = torch.stack([torch.nn.functional.pad(x.abs().amax(-1).float(), (0, pad)).view(B, H, pieces, piece).amax(-1)
-                          for x in (c, v)], dim=-1)
-    assert torch.equal(maxima[:, :, :done], expect[:, :, :done])
-    assert torch.equal(maxima[:, :, done:], torch.zeros_like(maxima[:, :, done:]))
-    assert torch.equal(ws[:, :, :done], plain[:, :, :done])
-
-
 _DESCRIPTORS = (leettriton.methods.lightning_attention.kernels.DESCRIPTORS
                 and (not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9))
 """Whether the walk may read through tensor descriptors here: a Triton that builds them, and the interpreter or

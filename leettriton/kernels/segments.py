@@ -16,9 +16,6 @@ each segment's *start* state is known.  Two kernels give those states:
 With one segment the first kernel writes the final state directly
 (γ^n S₀ + S_loc), which is how methods without a state of their own (vanilla)
 produce it.
-
-Asked for them (``maxima``), the first kernel also gives each segment's largest |c| and |v|:
-the float16 chunk walk scales its state by a bound carried from them (docs/design.md §2.3).
 """
 from __future__ import annotations
 
@@ -36,7 +33,7 @@ from ..autotune.sizing import cdiv
 from .abi import (batch_head, decay, head_log2_gamma, head_ptr, load_tile, low_part, mma, problem_args, round_to,
                   store_tile, two_part)
 
-_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART", "MAXIMA"]
+_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART"]
 
 
 @autotune(spaces.STATE, key=_KEY)
@@ -44,9 +41,8 @@ _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PA
 def _segment_state_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NL, mx_ptr,
-    DIRECT: tl.constexpr, TWO_PART: tl.constexpr, MAXIMA: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    ws_ptr, SEG, NS, NL,
+    DIRECT: tl.constexpr, TWO_PART: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # batch·heads × the NL ≤ NS segments computed on the grid's first axis (the others are limited to
     # 65535); 64-bit batch and head offsets (16 × 32 × 100 000 × 128 elements overflow 32 bits)
@@ -66,17 +62,10 @@ def _segment_state_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     acc = tl.zeros([BK, BV], dtype=tl.float32)
-    # MAXIMA: the largest |c| and |v| of the tiles, kept elementwise over the chunks in the inputs' dtype
-    # (exact; no exchange between threads in the loop), then of the segment
-    m_c = tl.zeros([BT, BK], dtype=c_ptr.dtype.element_ty)
-    m_v = tl.zeros([BT, BV], dtype=v_ptr.dtype.element_ty)
     for t0 in range(t_start, t_end, BT):
         o_t = t0 + tl.arange(0, BT)
         b_c = load_tile(p_c, o_t, o_k, c_strides[2], c_strides[3], t_end, R)
         b_v = load_tile(p_v, o_t, o_v, v_strides[2], v_strides[3], t_end, D)
-        if MAXIMA:
-            m_c = tl.maximum(m_c, tl.abs(b_c))
-            m_v = tl.maximum(m_v, tl.abs(b_v))
         # γ^(e−1−j) ≤ 1 for rows inside the segment; rows past its end load as zero.  The decay
         # goes on v: rounded to a 16-bit operand, its error is then the same for every rank (row
         # of the state), so a product b·S that cancels over the ranks does not add up r of them.
@@ -98,11 +87,6 @@ def _segment_state_kernel(
     else:
         ws_ptr += i_bhs.to(tl.int64) * R * D
         store_tile(ws_ptr, acc, o_k, o_v, D, 1, R, D)
-    if MAXIMA:
-        # this tile's share of the segment's maxima (the launcher zeroed them; non-negative floats
-        # order as their bits do)
-        tl.atomic_max(mx_ptr + i_bhs.to(tl.int64) * 2, tl.max(tl.max(m_c, axis=1), axis=0).to(tl.float32))
-        tl.atomic_max(mx_ptr + i_bhs.to(tl.int64) * 2 + 1, tl.max(tl.max(m_v, axis=1), axis=0).to(tl.float32))
 
 
 # the scan rewrites the workspace in place: the autotuner must restore it between its trial runs
@@ -148,10 +132,9 @@ def _segment_scan_kernel(
 
 
 _POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr")
-_STATE_POINTERS = _POINTERS + ("mx_ptr",)
 # both kernels launch through their compiled launches (docs/design.md §4.5): a launch seen before (sizes,
 # strides, segments, flags, config; the batch size, which the grids read) goes straight to the compiled kernel
-_STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _STATE_POINTERS)
+_STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _POINTERS)
 _SCAN_LAUNCHES = CompiledLaunches(_segment_scan_kernel, _POINTERS)
 
 
@@ -160,42 +143,29 @@ def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     B, H, n, r, d = p.shape
     grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     _STATE_LAUNCHES.launch_args(grid, (config or {}).get(spaces.STATE.name),
-                                dict(problem_args(p), ws_ptr=p.out, SEG=n, NS=1, NL=1, mx_ptr=p.out, DIRECT=True,
-                                     TWO_PART=two_part(p), MAXIMA=False), B)
+                                dict(problem_args(p), ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True,
+                                     TWO_PART=two_part(p)), B)
 
 
 def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None, *,
-                         last: bool = True, count: Optional[int] = None,
-                         maxima: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         last: bool = True, count: Optional[int] = None) -> torch.Tensor:
     """Local end state (from a zero start) of every segment of ``seg_len`` rows.
 
     Returns a float32 tensor of shape ``(B, H, NS, r, d)`` (contiguous), NS = ceil(n / seg_len).
     With ``last=False`` the last segment's entry is left unwritten (and its rows are not read); with
     ``count``, every entry from ``count`` on (a caller that cut the last of its own, longer segments
-    into several of these needs none of them).  ``maxima``: a zeroed float32 ``(B, H, NS, 2)``
-    tensor that receives each computed segment's largest |c| and |v| (:func:`segment_maxima`).
+    into several of these needs none of them).
     """
     B, H, n, r, d = p.shape
     ns = cdiv(n, seg_len)
     nl = count if count is not None else ns if last else ns - 1
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
-    if maxima is not None and (maxima.shape != (B, H, ns, 2) or maxima.dtype != torch.float32
-                               or not maxima.is_contiguous()):
-        raise ValueError(f"maxima must be a contiguous float32 tensor of shape {(B, H, ns, 2)}")
     if nl > 0:
         grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
         _STATE_LAUNCHES.launch_args(grid, (config or {}).get(spaces.STATE.name),
-                                    dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl,
-                                         mx_ptr=ws if maxima is None else maxima, DIRECT=False,
-                                         TWO_PART=two_part(p), MAXIMA=maxima is not None), B)
+                                    dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False,
+                                         TWO_PART=two_part(p)), B)
     return ws
-
-
-def segment_maxima(p: Problem, seg_len: int) -> torch.Tensor:
-    """A zeroed float32 ``(B, H, NS, 2)`` tensor for :func:`segment_local_states` to fill with each segment's
-    largest |c| (entry 0) and |v| (entry 1), NS = ceil(n / seg_len)."""
-    B, H, n, r, d = p.shape
-    return torch.zeros((B, H, cdiv(n, seg_len), 2), dtype=torch.float32, device=p.v.device)
 
 
 def segment_start_states(p: Problem, seg_len: int, config: Optional[Mapping] = None) -> torch.Tensor:

@@ -23,12 +23,7 @@ heads), the state pass alone would run too few programs for the GPU; it then cut
 each segment into ``split`` pieces (``state_split`` in space.py), and the scan
 joins the pieces' states (the walk reads every ``split``-th).
 
-In float16 the state pass also gives every segment's largest |c| and |v|, and so covers
-the last segment too; the walk scales its state by a bound carried from them
-(docs/design.md §2.3).
-
-Memory traffic: b once, c and v twice (the state pass reads all segments but the last, in float16
-all of them), o once,
+Memory traffic: b once, c and v twice (the state pass reads all segments but the last), o once,
 plus the float32 workspace of NS · split · r · d per batch·head.  When one segment
 suffices (many batch·heads, or a short sequence) it is the lightning walk alone.
 """
@@ -41,16 +36,11 @@ import torch
 from ...problem import Problem
 from ..spec import Plan
 from . import space as spaces
-from ...kernels.segments import scan_segment_states, segment_local_states, segment_maxima
+from ...kernels.segments import scan_segment_states, segment_local_states
 from ...kernels.pieces import in_r_pieces
 from ..lightning_attention.kernels import WALK_MAX_R, chunk_walk_kernel, launch_chunk_walk
 
 _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
-
-BOUND_SCALE = True
-"""float16: the state pass also gives every segment's largest |c| and |v|, covering every segment, and the
-walk scales its state by a bound carried from them (docs/design.md §2.3); False: each chunk's row maxima,
-as without segments (a switch for measuring the two: ``perf/walk_sass.py --row-scale``)."""
 
 
 def block_based_fwd(p: Problem, plan: Plan) -> None:
@@ -64,47 +54,37 @@ def _block_based_fwd(p: Problem, plan: Plan, partial: Optional[torch.Tensor]) ->
     if plan.schedule["seg_len"] >= p.shape[2]:
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, plan.configs, partial=partial)
         return
-    ws, maxima = local_states(p, plan)
-    walk_segments(p, plan, ws, partial=partial, maxima=maxima)
+    walk_segments(p, plan, local_states(p, plan), partial=partial)
 
 
-def local_states(p: Problem, plan: Plan) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def local_states(p: Problem, plan: Plan) -> torch.Tensor:
     """The segment-state pass of ``p`` (a plan with ``seg_len < n``): the local states, from a zero start,
-    that :func:`walk_segments` takes, as few as the plan's walk reads; and for float16 every piece's
-    largest |c| and |v| (the walk's state scale, docs/design.md §2.3; the pass then covers every
-    piece), else None."""
-    prefix = plan.schedule["prefix"]
-    piece, before_last = ((plan.schedule["seg_len"], None) if prefix
-                          else spaces.state_pieces(plan.schedule, p.shape[2]))
-    if p.b.dtype == torch.float16 and BOUND_SCALE:
-        maxima = segment_maxima(p, piece)
-        return segment_local_states(p, piece, plan.configs, maxima=maxima), maxima
-    if prefix:
+    that :func:`walk_segments` takes, as few as the plan's walk reads."""
+    if plan.schedule["prefix"]:
         # with the prefix sums the walk never reads the last segment's local state
-        return segment_local_states(p, piece, plan.configs, last=False), None
+        return segment_local_states(p, plan.schedule["seg_len"], plan.configs, last=False)
     # the state pass in pieces; without a final state, none of the last segment's pieces (the scan
     # then reads every piece's state but theirs)
-    return segment_local_states(p, piece, plan.configs, count=None if p.state is not None else before_last), None
+    piece, before_last = spaces.state_pieces(plan.schedule, p.shape[2])
+    return segment_local_states(p, piece, plan.configs, count=None if p.state is not None else before_last)
 
 
-def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor, partial: Optional[torch.Tensor] = None,
-                  maxima: Optional[torch.Tensor] = None) -> None:
+def walk_segments(p: Problem, plan: Plan, ws: torch.Tensor, partial: Optional[torch.Tensor] = None) -> None:
     """The segment-parallel walk of ``p`` (r ≤ ``WALK_MAX_R``, a plan with ``seg_len < n``) from the
     local states ``ws`` (``segment_local_states`` of ``p``'s rows from a zero start, in the plan's
     pieces (``space.state_pieces``); without ``p.state``, those of the last segment's pieces may be
     missing): the start states from ``p.initial_state`` and ``ws`` (summed by each walk program, or by
     the scan kernel, which rewrites ``ws`` in place: a workspace walks once), then the walk.  Split
     from the local states so that a caller that needs them anyway (the sequence-parallel state pass,
-    leettriton/distributed.py) computes them once.  ``partial``, ``maxima``: as :func:`launch_chunk_walk`'s (a
-    piece of r; float16 segments' largest |c| and |v|, from the same pass)."""
+    leettriton/distributed.py) computes them once.  ``partial``: as :func:`launch_chunk_walk`'s (a piece of r)."""
     seg_len, config = plan.schedule["seg_len"], plan.configs
     if plan.schedule["prefix"]:
         # few segments: the walk sums each start state from the local states itself (no scan launch)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len, prefix=True,
-                          partial=partial, maxima=maxima)
+                          partial=partial)
     else:
         # the start state of every piece up to the last segment's first (all of them for the final state)
         piece, before_last = spaces.state_pieces(plan.schedule, p.shape[2])
         scan_segment_states(p, ws, piece, config, count=None if p.state is not None else before_last + 1)
         launch_chunk_walk(_block_based_fwd_kernel, spaces.FWD, p, config, ws=ws, seg_len=seg_len,
-                          sub=plan.schedule.get("split", 1), partial=partial, maxima=maxima)
+                          sub=plan.schedule.get("split", 1), partial=partial)

@@ -29,9 +29,7 @@ decayed scores and the decayed v are rounded to the input dtype, as in every
 flash-style kernel).  The state stays float32; for its product with b it is
 rounded to the input dtype (see :func:`_state_times_b`): float16 with each row
 scaled by a power of two (never past float16's limit, 11 significant bits,
-as TF32 keeps), or, walking segments whose largest |c| and |v| the state pass
-gave (``BOUND``), kept scaled by one power of two from a bound carried through
-the walk (docs/design.md §2.3); bfloat16 as it is (8 bits, as b itself).  The row decay
+as TF32 keeps), bfloat16 as it is (8 bits, as b itself).  The row decay
 γ^(i+1) is applied to the product's rows, after it.  With ``TWO_PART`` (the
 backward's calls, bfloat16: docs/design.md §10.4) the state before that product
 and the decayed v before each state update go in as two bfloat16 parts, hi + lo,
@@ -79,7 +77,7 @@ from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, he
                             two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
-       "TWO_PART", "ACC", "TMA", "CUT", "BOUND"]
+       "TWO_PART", "ACC", "TMA", "CUT"]
 
 
 @triton.jit
@@ -187,21 +185,7 @@ def _pow2_scales(m):
 
 
 @triton.jit
-def _bound_exponent(bound):
-    """k with 2^k · ``bound`` in [2^14, 2^15), read off the exponent bits of ``bound`` ≥ 0 (a scalar), clamped to
-    [−100, 100] (a zero or tiny bound gets 2^100; an infinite or NaN one 2^−100)."""
-    e = ((bound.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    return tl.minimum(tl.maximum(14 - e, -100), 100)
-
-
-@triton.jit
-def _pow2(k):
-    """2^k as float32 for an integer −126 ≤ k ≤ 127, built from its exponent bits (exact)."""
-    return ((k + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr, TWO_PART: tl.constexpr, PRESCALED: tl.constexpr):
+def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr, TWO_PART: tl.constexpr):
     """acc + Sᵀ bᵀ for one [BV, BK] state tile and one [BT, BK] tile of b: [BV, BK] @ [BK, BT].
 
     16-bit b: Sᵀ goes in rounded to b's dtype, the register operand of a 16-bit product (products
@@ -210,10 +194,9 @@ def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr, TWO_PART: tl.constexp
     significant bits for every entry down to 2^-28 of its row's largest, as TF32 keeps), undone
     on the product's rows by the caller; bfloat16 has float32's range and needs no scaling (``up``
     is ignored; 8 significant bits, as in b itself), and with ``TWO_PART`` goes in as two parts,
-    hi + lo, two products (about 16 bits).  float32 b: one product at ``PRECISION``.  ``PRESCALED``
-    (float16): the walk keeps the state scaled already (``BOUND``), and ``up`` is ignored.
+    hi + lo, two products (about 16 bits).  float32 b: one product at ``PRECISION``.
     """
-    if b.dtype == tl.float16 and not PRESCALED:
+    if b.dtype == tl.float16:
         s = s * up[:, None]
     s_hi = round_to(s, b.dtype)
     acc += mma(s_hi, tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
@@ -236,9 +219,9 @@ def _add_update(s, g_chunk, b_vd, b_vdt, c, PRECISION: tl.constexpr, TWO_PART: t
 def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides, mx_ptr,
+    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
-    TWO_PART: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, BOUND: tl.constexpr,
+    TWO_PART: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
@@ -246,10 +229,6 @@ def _chunk_walk_fwd_kernel(
     NK: tl.constexpr = (RP + BK - 1) // BK
     tl.static_assert(NK <= 4)
     SCALED: tl.constexpr = b_ptr.dtype.element_ty == tl.float16
-    # BOUND (float16, segments whose largest |c| and |v| the state pass gave, in mx_ptr): the state is kept
-    # scaled by one power of two 2^ku per program, chosen from a bound on |S| carried through the walk,
-    # in place of a scale per row from each chunk's row maxima (docs/design.md §2.3)
-    tl.static_assert(not BOUND or (SCALED and (SEGMENTED or PREFIX) and not VARLEN))
 
     # one flat grid, value tiles fastest: the programs that share b and c run side by side (L2 reuse),
     # and batch·heads·segments may exceed the 65535 limit of the grid's other axes
@@ -343,40 +322,10 @@ def _chunk_walk_fwd_kernel(
     m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
     row_decay = decay(lam, o_t + 1, HAS_DECAY)
 
-    if BOUND:
-        # |S| ≤ bnd, from the start state's largest entry, then bnd ← γ^T bnd + G · T per chunk of T rows,
-        # G = max(max|c|, 1) · max|v| over the segment (its pieces' maxima: entries i_s·SUB … of NW)
-        p_mx = mx_ptr + (i_bh * NW + i_s * SUB).to(tl.int64) * 2
-        max_c = 0.0
-        max_v = 0.0
-        for q in range(0, tl.minimum(SUB, NW - i_s * SUB)):
-            max_c = tl.maximum(max_c, tl.load(p_mx + 2 * q))
-            max_v = tl.maximum(max_v, tl.load(p_mx + 2 * q + 1))
-        g_seg = tl.maximum(max_c, 1.0) * max_v
-        m_start = _row_absmax(s0)
-        if NK >= 2:
-            m_start = tl.maximum(m_start, _row_absmax(s1))
-        if NK >= 4:
-            m_start = tl.maximum(m_start, tl.maximum(_row_absmax(s2), _row_absmax(s3)))
-        bnd = tl.max(m_start, axis=0)
-        ku = _bound_exponent(bnd)
-        u_start = _pow2(ku)
-        s0 = s0 * u_start
-        if NK >= 2:
-            s1 = s1 * u_start
-        if NK >= 4:
-            s2 = s2 * u_start
-            s3 = s3 * u_start
-    else:
-        g_seg = 0.0
-        bnd = 0.0
-        ku = 0
-
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
-        # float16: one power-of-two scale per state row (value column), from its largest entry (with
-        # BOUND the state is scaled already)
-        if SCALED and not BOUND:
+        # float16: one power-of-two scale per state row (value column), from its largest entry
+        if SCALED:
             m = _row_absmax(s0)
             if NK >= 2:
                 m = tl.maximum(m, _row_absmax(s1))
@@ -390,21 +339,21 @@ def _chunk_walk_fwd_kernel(
         b0, c0 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 0, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
                            rows, R, CUT, TMA)
         b_at = mma(c0, tl.trans(b0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-        b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, b0, up, DOT_PRECISION, TWO_PART, BOUND)
+        b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, b0, up, DOT_PRECISION, TWO_PART)
         if NK >= 2:
             b1, c1 = _chunk_bc(p_b, p_c, d_b, d_c, t0, BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
                                rows, R, CUT, TMA)
             b_at += mma(c1, tl.trans(b1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s1, b1, up, DOT_PRECISION, TWO_PART, BOUND)
+            b_ot = _state_times_b(b_ot, s1, b1, up, DOT_PRECISION, TWO_PART)
         if NK >= 4:
             b2, c2 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 2 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
                                rows, R, CUT, TMA)
             b_at += mma(c2, tl.trans(b2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s2, b2, up, DOT_PRECISION, TWO_PART, BOUND)
+            b_ot = _state_times_b(b_ot, s2, b2, up, DOT_PRECISION, TWO_PART)
             b3, c3 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 3 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
                                rows, R, CUT, TMA)
             b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION, TWO_PART, BOUND)
+            b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION, TWO_PART)
         if TMA:
             b_vt = tl.trans(_rows_by_descriptor(d_v, t0, i_v * BV, o_t, rows, CUT))  # [BV, BT]
         else:
@@ -413,11 +362,8 @@ def _chunk_walk_fwd_kernel(
             b_acc = load_tile(p_a, o_v, o_t, stride_ad, stride_an, D, rows)  # [BV, BT], float32
 
         # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product, with
-        # the float16 scales undone); this chunk through the masked scores
-        if BOUND:
-            b_ot = b_ot * (row_decay * _pow2(-ku))[None, :]
-        else:
-            b_ot = b_ot * down[:, None] * row_decay[None, :]
+        # the rows' float16 scales undone); this chunk through the masked scores
+        b_ot = b_ot * down[:, None] * row_decay[None, :]
         b_at = b_at * m_intra_t
         b_ot += mma(b_vt, round_to(b_at, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
         if ACC:
@@ -426,21 +372,9 @@ def _chunk_walk_fwd_kernel(
 
         # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
         n_rows = tl.minimum(rows, BT)
-        g_chunk = decay(lam, n_rows, HAS_DECAY)
-        if BOUND:
-            # the new bound's power of two scales the update (on v: max|v| · 2^ku ≤ 2^15, as G ≥ max|v|);
-            # the old state's change of scale rides on its decay, one exp2 of a scalar
-            bnd = g_chunk * bnd + g_seg * n_rows.to(tl.float32)
-            ku_next = _bound_exponent(bnd)
-            b_vd = b_vt * (decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY) * _pow2(ku_next))[None, :]
-            if HAS_DECAY:
-                g_chunk = tl.exp2(lam * n_rows.to(tl.float32) + (ku_next - ku).to(tl.float32))
-            else:
-                g_chunk = tl.exp2((ku_next - ku).to(tl.float32))
-            ku = ku_next
-        else:
-            b_vd = b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]
+        b_vd = b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]
         b_vdt = round_to(b_vd, b_vt.dtype)
+        g_chunk = decay(lam, n_rows, HAS_DECAY)
         s0 = _add_update(s0, g_chunk, b_vd, b_vdt, c0, DOT_PRECISION, TWO_PART)
         if NK >= 2:
             s1 = _add_update(s1, g_chunk, b_vd, b_vdt, c1, DOT_PRECISION, TWO_PART)
@@ -454,14 +388,6 @@ def _chunk_walk_fwd_kernel(
         p_o += BT * stride_on
         p_a += BT * stride_an
 
-    if BOUND and STORE_STATE:
-        u_end = _pow2(-ku)
-        s0 = s0 * u_end
-        if NK >= 2:
-            s1 = s1 * u_end
-        if NK >= 4:
-            s2 = s2 * u_end
-            s3 = s3 * u_end
     # the final state: the walk of the last segment ends with it (of a packed sequence: its only walk)
     if STORE_STATE and VARLEN:
         p_st = head_ptr(st_ptr, st_strides, i_row, i_h)
@@ -499,7 +425,7 @@ def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_opti
 
 
 WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr", "cu_ptr", "slot_ptr",
-                 "init_ptr", "acc_ptr", "mx_ptr")
+                 "init_ptr", "acc_ptr")
 """The chunk walk's tensor arguments.  Each walk kernel launches through its ``launches``
 (:class:`~leettriton.autotune.configs.CompiledLaunches`): a shape, strides, dtypes, flags and config
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
@@ -520,7 +446,7 @@ _varlen_walk_kernel = chunk_walk_kernel(spaces.VARLEN, compiled=False, restore_v
 
 def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[Mapping], *, ws=None,
                       seg_len: Optional[int] = None, prefix: bool = False, sub: int = 1,
-                      partial: Optional[torch.Tensor] = None, maxima: Optional[torch.Tensor] = None) -> None:
+                      partial: Optional[torch.Tensor] = None) -> None:
     """Walk the chunks of ``p`` with ``kernel``: the whole sequence, or segments of ``seg_len`` rows.
 
     ``ws`` (``(B, H, NW, r, d)`` float32) holds the start states of pieces of ``seg_len / sub`` rows
@@ -528,17 +454,12 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     (``sub`` = 1) the segments' local states (from ``segment_local_states``; the last segment's entry
     is not read): each program then sums its own start state and the last segment's programs write
     the final state.  ``partial`` (a piece of r after the first, kernels/pieces.py): the float32
-    ``(B, H, n, d)`` sum of the pieces before, added to the output before it is stored.  ``maxima``
-    (float16, with ``ws``): the ``(B, H, NW, 2)`` largest |c| and |v| of every piece, from the same state
-    pass (``segment_local_states``); the walk then scales its state by a bound carried from them
-    (``BOUND``, docs/design.md §2.3) instead of by each chunk's row maxima.
+    ``(B, H, n, d)`` sum of the pieces before, added to the output before it is stored.
     """
     if prefix and sub != 1:
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
-    if maxima is not None and (ws is None or p.b.dtype != torch.float16 or maxima.shape != (*ws.shape[:3], 2)):
-        raise ValueError("segment maxima go with float16 segments, one pair per workspace entry")
     memo, mark = (p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype,
-                           p.out.stride(), maxima is None))
+                           p.out.stride()))
     if DESCRIPTORS and p.v.is_cuda:
         _scratch_allocator()  # before any launch: a repeat of a launch with tensor descriptors needs one too
     if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
@@ -552,8 +473,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             stand_in = out if ws is None else ws
             if again((p.b, p.c, p.v, out, out if p.gamma is None else p.gamma,
                       out if p.initial_state is None else p.initial_state, out if p.state is None else p.state,
-                      stand_in, stand_in, stand_in, stand_in, out if partial is None else partial,
-                      stand_in if maxima is None else maxima)):
+                      stand_in, stand_in, stand_in, stand_in, out if partial is None else partial)):
                 return
     B, H, n, r, d = p.shape
     args = problem_args(p)
@@ -571,7 +491,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
                 TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
-                mx_ptr=ws if maxima is None else maxima, BOUND=maxima is not None, **partial_args(p, args, partial))
+                **partial_args(p, args, partial))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
@@ -675,4 +595,4 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
            SUB=1, cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
            init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
            SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
-           TWO_PART=False, TMA=False, CUT=False, mx_ptr=p.out, BOUND=False, **partial_args(p, args, partial))
+           TWO_PART=False, TMA=False, CUT=False, **partial_args(p, args, partial))

@@ -183,6 +183,24 @@ def test_block_based_segments_follow_the_walk_config_s_occupancy():
     assert bb.alternatives(short, h100) == []                          # one segment either way
 
 
+def test_block_based_small_states_take_shorter_segments_while_the_walk_sums_its_start_states():
+    """At r = d = 64 segments go down to 512 rows as long as the walk sums its own start states (at most
+    PREFIX_SEGMENTS segments); at wider states, or where that needs more segments, 1024 rows at least."""
+    from leettriton.methods.block_based import space as bb
+
+    h100 = FAMILIES["h100"]
+    cfg = dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=3)
+    assert bb.PREFIX_SEGMENTS == 8
+    # 1 × 16 heads: 16 walks; the rule asks for more segments than any of these lengths give
+    assert [bb.segmenting(16, n, 64, 64, 2, h100, cfg)[0] for n in (2048, 4096, 8192)] == [512, 512, 1024]
+    assert [bb.min_segment(n, 64, 64) for n in (2048, 4096, 5000, 8192, 32768)] == [512, 512, 625, 1024, 1024]
+    assert bb.min_segment(2048, 128, 128) == bb.min_segment(2048, 64, 128) == bb.MIN_SEGMENT == 1024
+    assert bb.segmenting(32, 2048, 128, 128, 2, h100, cfg)[0] == 1024
+    for n in (2048, 4096, 5000, 6000):
+        seg_len = bb.segmenting(16, n, 64, 64, 2, h100, cfg)[0]
+        assert -(-n // seg_len) <= bb.PREFIX_SEGMENTS and bb.walk_sums_prefix(-(-n // seg_len), h100)
+
+
 def test_autotune_switch(monkeypatch):
     monkeypatch.setenv("LEETTRITON_AUTOTUNE", "0")
     assert not autotune_enabled()

@@ -54,6 +54,26 @@ MIN_SEGMENT = 1024
 float32 start state, written and read back, r·d·4 B = 64 KB at r = d = 128)
 is a sizeable share of its own inputs (L·(2r + d)·2 B = 768 KB at L = 1024)."""
 
+SMALL_STATE = 64 * 64
+"""States of at most this many entries (r·d) may take segments down to ``SMALL_STATE_MIN_SEGMENT`` rows."""
+
+SMALL_STATE_MIN_SEGMENT = 512
+"""Fewest rows per segment for a small state, while the walk still sums its own start states (at most
+``PREFIX_SEGMENTS`` segments: a scan launch costs more than the shorter segments save).  At r = d = 64 the
+state is 16 KB, the same share of 512 rows' inputs as at r = d = 128 of 1024.  On an H200, float16, 1 × 16
+heads × 2048 took 23.3 µs in segments of 512 rows against 34.8 in segments of 1024, 1 × 16 × 4096 26.9
+against 35.6; 1 × 16 × 8192 in 16 segments of 512 (with the scan) 53.3 against 43.5 in 8 of 1024
+(perf/results/h200/short_segments.log)."""
+
+
+def min_segment(n: int, r: int, d: int) -> int:
+    """The fewest rows per segment of a sequence of ``n`` rows at widths ``r`` and ``d``: ``MIN_SEGMENT``, or for
+    a small state as few as ``SMALL_STATE_MIN_SEGMENT`` as long as ``PREFIX_SEGMENTS`` segments cover ``n``."""
+    if r * d > SMALL_STATE:
+        return MIN_SEGMENT
+    return max(SMALL_STATE_MIN_SEGMENT, min(MIN_SEGMENT, cdiv(n, PREFIX_SEGMENTS)))
+
+
 SEGMENT_ALIGN = CHUNK_ROWS_MAX
 """Segment lengths are multiples of the largest chunk, so no chunk is cut short."""
 
@@ -105,7 +125,7 @@ def segmenting(batch_heads: int, n: int, r: int, d: int, itemsize: int, family: 
 
     Segments: the shared rule (kernels/segments_space.py) with one program per (segment, value tile,
     batch·head), :func:`programs_per_sm` of the walk ``config`` per multiprocessor, segments of at
-    least ``MIN_SEGMENT`` rows; under the interpreter, ``INTERPRETER_SEGMENT`` rows.  Pieces:
+    least :func:`min_segment` rows; under the interpreter, ``INTERPRETER_SEGMENT`` rows.  Pieces:
     :func:`state_split`; the segment length is then rounded up to a multiple of the pieces' alignment,
     so that every piece but the sequence's last is as long."""
     if family.name == "cpu":
@@ -114,7 +134,7 @@ def segmenting(batch_heads: int, n: int, r: int, d: int, itemsize: int, family: 
     bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
     seg_len = shared_segment_length(n, batch_heads * cdiv(d, bv), family,
                                     programs_per_sm=programs_per_sm(config, r, itemsize, family),
-                                    min_segment=MIN_SEGMENT, align=SEGMENT_ALIGN)
+                                    min_segment=min_segment(n, r, d), align=SEGMENT_ALIGN)
     split = state_split(batch_heads, n, r, d, seg_len, family)
     if split > 1:
         seg_len = cdiv(cdiv(n, cdiv(n, seg_len)), SEGMENT_ALIGN * split) * SEGMENT_ALIGN * split

@@ -5,7 +5,7 @@
 #   OUT=/tmp/out bash perf/gpu_session.sh tests bench_chunked ...
 #
 # Steps: env, warm, tests, tests_quick, bench_decode, bench_chunked, bench_fleet, bench_auto, bench_auto_cold, tune,
-# bench_main, host_overhead, profile, walk_configs.  Each step's output goes to <step>.log; after every step the
+# remeasure, bench_main, host_overhead, profile, profile_auto, short_segments, model_shapes, walk_configs.  Each step's output goes to <step>.log; after every step the
 # logs, perf/results and the heuristic files are packed into $OUT again, so a call cut off by its time
 # limit still brings back what the finished steps produced.  A failing step does not stop the others.
 set -u
@@ -56,6 +56,11 @@ for spec in "$@"; do
     host_overhead) run host_overhead python3 perf/host_overhead.py --device cuda "${extra[@]}" ;;
     profile) run profile python3 perf/profile_kernels.py "${extra[@]}" ;;
     walk_configs) run walk_configs python3 perf/walk_configs.py "${extra[@]}" ;;
+    profile_auto) run profile_auto python3 perf/profile_auto.py "${extra[@]}" ;;
+    short_segments) run short_segments python3 perf/short_segments.py "${extra[@]}" ;;
+    model_shapes) run model_shapes python3 perf/bench_model_shapes.py --out perf/results "${extra[@]}" ;;
+    remeasure)  # the heuristic file's own points measured again (e.g. remeasure:3000:--rd 64x64)
+      run remeasure python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --remeasure --recorded-only "${extra[@]}" ;;
     tune) run tune python3 -m leettriton.tune --gpu "${FAMILY:-h100}" --quick --max-minutes "${TUNE_MINUTES:-8}" "${extra[@]}" ;;
     bench_main)  # a kernel fault ends the process: go on in a fresh one (--resume), three times at most
       for try in 1 2 3; do

@@ -7,38 +7,26 @@ its error against the definition in float64.
 For every shape (``BxHxNxRxD``), with decay per head (1 − 2^(−5 − 3h/(H−1)): 0.969 … 0.996) and b, c ~ N(0, 1/r),
 v ~ N(0, 1): one line with the median time of the call's CUDA-graph replay (``triton.testing.do_bench``: the
 kernels alone), each kernel's GPU time per call from ``torch.profiler`` over 20 calls, and ``err_tail``, the
-relative error (Frobenius) of the last 256 rows against float64.  Self-contained (no ``leettriton.bench``), so
-that the tree of any commit can be profiled by the same script (``PYTHONPATH=<tree>``).
+relative error (Frobenius) of the last 256 rows against float64.  The tree of any commit from 2f612ee on (which
+has ``leettriton.bench.graph_replay``) can be profiled by the same script (``PYTHONPATH=<tree>``).
 """
 from __future__ import annotations
 
 import argparse
 
 import torch
-import triton
 from torch.profiler import ProfilerActivity, profile
 
 import leettriton
+from leettriton.bench import graph_replay, time_ms
 
 SHAPES = "1x8x8192x256x512,1x8x32768x256x512,2x8x8192x256x512,1x32x8192x128x128,1x32x32768x128x128," \
          "1x32x100000x128x128,1x16x8192x64x64"
 
 
 def replay_ms(fn) -> float:
-    """Median ms of ``fn`` captured in a CUDA graph and replayed."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=300, quantiles=[0.5])
+    """Median ms of ``fn``'s call captured in a CUDA graph and replayed (the kernels alone)."""
+    return time_ms(graph_replay(fn), warm=False, rep_ms=300)[0]
 
 
 def reference_tail(b, c, v, gamma, rows: int = 256) -> torch.Tensor:

@@ -16,25 +16,15 @@ import torch
 import triton
 
 import leettriton
+from leettriton.bench import graph_replay, time_ms
 from leettriton import plan as plans
 from leettriton.methods.block_based import space
 from leettriton.problem import make_problem
 
 
 def replay_ms(fn) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=200, quantiles=[0.5])
+    """Median ms of ``fn``'s call captured in a CUDA graph and replayed (the kernels alone)."""
+    return time_ms(graph_replay(fn), warm=False, rep_ms=200)[0]
 
 
 def main(argv=None) -> None:

@@ -301,6 +301,36 @@ def test_float16_state_beyond_float16_range(method, gamma):
     assert_close(state, ref_state, tolerance(torch.float16), f"{method} float16 state")
 
 
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+@pytest.mark.parametrize("scales", [(1e4, 1e-3, 1e-3), (1.0, 1.0, 1.0)], ids=["tiny-state", "one-tiny-column"])
+def test_float16_state_below_float16_normals(method, scales):
+    """float16's walk rounds the state as it is unless a row's copy leaves float16's normal range
+    (docs/design.md §2.3).  A state of about 1e-6 (c and v scaled by 1e-3, b by 1e4, so the output is
+    normal) is all subnormals in float16: rounded as it is, the output errs by about 2e-2, so this fails
+    unless the check sends the walk round again, scaled.  With one value column 1e-3 times the others (only
+    column's rows fail, so only its value tile walks again) the output, that column and the state hold too."""
+    g = torch.Generator().manual_seed(7)
+    B, H, n, r, d = 1, 2, 200, 64, 200  # d: more than one value tile
+    sb, sc, sv = scales
+    b = (torch.randn(B, H, n, r, generator=g) * r ** -0.5 * sb).to(torch.float16)
+    c = (torch.randn(B, H, n, r, generator=g) * r ** -0.5 * sc).to(torch.float16)
+    v = torch.randn(B, H, n, d, generator=g) * sv
+    if sv == 1.0:
+        v[..., 3] *= 1e-3
+    v = v.to(torch.float16)
+    b, c, v = (x.to(DEVICE) for x in (b, c, v))
+    gamma = torch.tensor([0.97, 0.999], device=DEVICE)
+    out, state = leettriton.linear_attention(b, c, v, gamma, method=method, return_state=True)
+    ref, ref_state = leettriton.reference(b, c, v, gamma, return_state=True)
+    if sv != 1.0:
+        assert ref_state.abs().max() < 2 ** -14 and ref.abs().max() > 0.01  # subnormal state, normal output
+    assert_close(out, ref, tolerance(torch.float16), f"{method} float16, state below float16's normals")
+    assert_close(state, ref_state, tolerance(torch.float16), f"{method} float16 state")
+    if sv == 1.0:
+        col = ref[..., 3]  # the tiny column alone, to its own magnitude
+        assert_close(out[..., 3], col, tolerance(torch.float16), f"{method} float16, the tiny value column")
+
+
 _DESCRIPTORS = (leettriton.methods.lightning_attention.kernels.DESCRIPTORS
                 and (not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9))
 """Whether the walk may read through tensor descriptors here: a Triton that builds them, and the interpreter or

@@ -88,6 +88,33 @@ def test_varlen_each_sequence_equals_oracle(name, pool):
     assert torch.equal(state_pool[untouched], before[untouched]), "slots no sequence names must stay bit-identical"
 
 
+def test_varlen_float16_pool_state_out_of_float16_range():
+    """A packed float16 walk whose first sequence's state leaves float16's range walks that sequence again,
+    scaled (docs/design.md §2.3), from the same slot: the pool is written only by the walk that holds, so
+    the second walk starts from the state the sequence started from, not the first walk's final one."""
+    H, r, d = 2, 32, 24
+    lens = [130, 70, 0, 41]
+    b, c, v, cu = packed_inputs(lens, H, r, d, torch.float16, seed=11)
+    first = slice(0, lens[0])
+    b[first] = b[first] * 1e-3   # the first sequence: a state past 65 504 from large c and v ...
+    c[first] = (c[first].float().abs() * 40).to(torch.float16)
+    v[first] = (v[first].float().abs() * 40).to(torch.float16)
+    gamma = torch.tensor([1.0, 0.999], device=DEVICE)
+    slot_ids = torch.tensor([2, 0, 1, 3], device=DEVICE)
+    state_pool = torch.randn(4, H, r, d, generator=torch.Generator().manual_seed(2)).to(DEVICE) * 1e3
+    has_initial = torch.tensor([True, True, False, True], device=DEVICE)
+    before = state_pool.clone()
+    out = leettriton.linear_attention_varlen(b, c, v, cu, gamma, state_pool=state_pool, slot_ids=slot_ids,
+                                             has_initial_state=has_initial)
+    initial = [before[s:s + 1] if bool(f) else None for s, f in zip(slot_ids.tolist(), has_initial.tolist())]
+    ref, ref_states = oracle(b, c, v, cu, gamma, initial)
+    assert ref_states[0].abs().max() > 65504 and ref.abs().max() < 6e4  # the state, not the output, is out of range
+    tol = tolerance(torch.float16)
+    assert_close(out, ref, tol, "packed float16 output, one sequence's state past float16's range")
+    for i, s in enumerate(slot_ids.tolist()):
+        assert_close(state_pool[s], ref_states[i], tol, f"slot {s} after sequence {i}")
+
+
 def test_varlen_negative_slot_and_twin_path():
     """A negative slot starts from zero and keeps no state; the '_torch' twin path gives the same answer."""
     lens = [6, 0, 21, 2]

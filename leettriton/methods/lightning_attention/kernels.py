@@ -185,24 +185,51 @@ def _pow2_scales(m):
 
 
 @triton.jit
-def _state_times_b(acc, s, b, up, PRECISION: tl.constexpr, TWO_PART: tl.constexpr):
-    """acc + Sᵀ bᵀ for one [BV, BK] state tile and one [BT, BK] tile of b: [BV, BK] @ [BK, BT].
+def _state_hi(s, up, dtype: tl.constexpr, SCALE: tl.constexpr):
+    """The 16-bit register operand of one [BV, BK] state tile: Sᵀ rounded to ``dtype`` (b's).
 
-    16-bit b: Sᵀ goes in rounded to b's dtype, the register operand of a 16-bit product (products
-    exact, sums in float32), so the state is never staged through shared memory.  float16 rows
-    are first scaled by the powers of two of :func:`_pow2_scales` (no overflow past 65 504; 11
-    significant bits for every entry down to 2^-28 of its row's largest, as TF32 keeps), undone
-    on the product's rows by the caller; bfloat16 has float32's range and needs no scaling (``up``
-    is ignored; 8 significant bits, as in b itself), and with ``TWO_PART`` goes in as two parts,
-    hi + lo, two products (about 16 bits).  float32 b: one product at ``PRECISION``.
+    With ``SCALE`` (float16's scaled mode) each row is first multiplied by its power of two ``up`` from
+    :func:`_pow2_scales` (no overflow past 65 504; 11 significant bits for every entry down to 2^-28 of its
+    row's largest), undone on the product's rows by the caller.  Without it the state goes in as it is:
+    bfloat16 has float32's range (8 significant bits, as in b itself), and float16's checked mode
+    (:func:`_float16_row_check`) walks again scaled when a row does not fit.  float32 b: unchanged.
     """
-    if b.dtype == tl.float16:
+    if SCALE:
         s = s * up[:, None]
-    s_hi = round_to(s, b.dtype)
+    return round_to(s, dtype)
+
+
+@triton.jit
+def _state_times_b(acc, s, s_hi, b, PRECISION: tl.constexpr, TWO_PART: tl.constexpr):
+    """acc + Sᵀ bᵀ for one [BV, BK] state tile (``s_hi`` its operand, :func:`_state_hi`) and one [BT, BK] tile
+    of b: [BV, BK] @ [BK, BT].  16-bit b: the operand is the register operand of a 16-bit product
+    (products exact, sums in float32), so the state is never staged through shared memory; bfloat16 with
+    ``TWO_PART`` adds what the rounding dropped as a second product (about 16 bits).  float32 b: one product
+    at ``PRECISION``.
+    """
     acc += mma(s_hi, tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
     if TWO_PART:
         acc += mma(low_part(s, s_hi, b.dtype), tl.trans(b), PRECISION)  # [BV, BK] @ [BK, BT]
     return acc
+
+
+FP16_ROW_FLOOR = tl.constexpr(2.0 ** -8)
+"""float16's checked mode rounds a state row as it is only when its largest rounded magnitude is zero or in
+[FP16_ROW_FLOOR, 65 504] (docs/design.md §2.3); every other row sends the program's walk round again, scaled."""
+
+
+@triton.jit
+def _float16_row_check(bad, s, s_hi, FROM_COPY: tl.constexpr):
+    """``bad`` (one int32 per row of Sᵀ) set where the float16 copy ``s_hi`` of the state tile ``s`` does not
+    keep the row to float16's precision: an infinity (past 65 504), or a nonzero largest magnitude below
+    FP16_ROW_FLOOR (subnormals, whose spacing is absolute).  ``FROM_COPY``: the maxima of the 16-bit copy
+    itself (half as many registers to reduce); otherwise of the float32 state (a row the copy rounds to zero
+    counts as nonzero there: stricter).  Either is off the product's path: the product has its operand."""
+    if FROM_COPY:
+        m = tl.max(tl.abs(s_hi), axis=1).to(tl.float32)
+    else:
+        m = _row_absmax(s)
+    return tl.maximum(bad, ((m > 65504.0) | ((m > 0.0) & (m < FP16_ROW_FLOOR))).to(tl.int32))
 
 
 @triton.jit
@@ -213,6 +240,148 @@ def _add_update(s, g_chunk, b_vd, b_vdt, c, PRECISION: tl.constexpr, TWO_PART: t
     if TWO_PART:
         s += mma(low_part(b_vd, b_vdt, b_vdt.dtype), c, PRECISION)  # [BV, BT] @ [BT, BK]
     return s
+
+
+@triton.jit
+def _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start, HAS_DECAY: tl.constexpr,
+                HAS_INITIAL: tl.constexpr, PREFIX: tl.constexpr, NK: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The state before the walk's first row, as the r tiles s0..s3 of Sᵀ (those past NK unused).
+
+    SEGMENTED: the segments' start states are in the workspace (the launcher sets HAS_INITIAL for them), NW
+    entries per batch·head, one per SEG / SUB rows (the state pass cut each segment into SUB pieces), segment
+    i_s's at entry i_s·SUB (``p_s``); PREFIX (SUB = 1): their local states are (``p_ws``), and the start state
+    is γ^(i_s·SEG) S₀ + Σ_{j < i_s} γ^((i_s−1−j)·SEG) S_loc[j], summed here; otherwise the initial state at
+    ``p_s``, or zero.
+    """
+    s0 = _start_state(p_s, stride_sk, stride_sd, o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
+    s1 = s0
+    s2 = s0
+    s3 = s0
+    if NK >= 2:
+        s1 = _start_state(p_s, stride_sk, stride_sd, BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
+    if NK >= 4:
+        s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
+        s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
+    if PREFIX:
+        g_s = decay(lam, i_s.to(tl.int64) * SEG, HAS_DECAY)
+        s0 = s0 * g_s
+        if NK >= 2:
+            s1 = s1 * g_s
+        if NK >= 4:
+            s2 = s2 * g_s
+            s3 = s3 * g_s
+        for j in range(0, i_s):
+            g_j = decay(lam, (i_s - 1 - j).to(tl.int64) * SEG, HAS_DECAY)
+            s0 += g_j * _start_state(p_ws, D, 1, o_k, o_v, R, D, True, BK, BV)
+            if NK >= 2:
+                s1 += g_j * _start_state(p_ws, D, 1, BK + o_k, o_v, R, D, True, BK, BV)
+            if NK >= 4:
+                s2 += g_j * _start_state(p_ws, D, 1, 2 * BK + o_k, o_v, R, D, True, BK, BV)
+                s3 += g_j * _start_state(p_ws, D, 1, 3 * BK + o_k, o_v, R, D, True, BK, BV)
+            p_ws += R * D
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
+                 stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an,
+                 stride_ad, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, TWO_PART: tl.constexpr,
+                 ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Walk rows t_start … t_end − 1 from the state tiles s0..s3, writing their outputs; returns the state
+    after them and whether float16's check failed (``bad``, a scalar; always 0 unless MODE is 1).
+
+    ``MODE``: 0, the state operand rounded as it is (bfloat16, float32); 1, float16 checked: rounded as it
+    is, each row's copy checked (:func:`_float16_row_check`); 2, float16 scaled: each row of the operand
+    scaled by its power of two (:func:`_pow2_scales`), undone on the product's rows.  The pointers are at
+    the walk's first row (descriptors: row t_start of the head).
+    """
+    # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
+    m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
+    row_decay = decay(lam, o_t + 1, HAS_DECAY)
+    # the check's maxima from the 16-bit copy where one tile holds all of r (r = 256 at 8 warps: the cheaper
+    # reduction), else from the float32 tiles (perf/results/h200/walk_fp16_checked.log)
+    FROM_COPY: tl.constexpr = NK == 1
+    bad = tl.zeros([BV], dtype=tl.int32)
+    for t0 in range(t_start, t_end, BT):
+        rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
+        if MODE == 2:
+            # one power-of-two scale per state row (value column), from its largest entry
+            m = _row_absmax(s0)
+            if NK >= 2:
+                m = tl.maximum(m, _row_absmax(s1))
+            if NK >= 4:
+                m = tl.maximum(m, tl.maximum(_row_absmax(s2), _row_absmax(s3)))
+            up, down = _pow2_scales(m)
+        else:
+            up = tl.full([BV], 1.0, tl.float32)
+            down = up
+        # transposed scores c bᵀ and the state term Sᵀ bᵀ, accumulated over the r tiles
+        b0, c0 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 0, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                           rows, R, CUT, TMA)
+        b_at = mma(c0, tl.trans(b0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+        h0 = _state_hi(s0, up, b0.dtype, MODE == 2)
+        b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, h0, b0, DOT_PRECISION, TWO_PART)
+        if MODE == 1:
+            bad = _float16_row_check(bad, s0, h0, FROM_COPY)
+        if NK >= 2:
+            b1, c1 = _chunk_bc(p_b, p_c, d_b, d_c, t0, BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                               rows, R, CUT, TMA)
+            b_at += mma(c1, tl.trans(b1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            h1 = _state_hi(s1, up, b1.dtype, MODE == 2)
+            b_ot = _state_times_b(b_ot, s1, h1, b1, DOT_PRECISION, TWO_PART)
+            if MODE == 1:
+                bad = _float16_row_check(bad, s1, h1, FROM_COPY)
+        if NK >= 4:
+            b2, c2 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 2 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                               rows, R, CUT, TMA)
+            b_at += mma(c2, tl.trans(b2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            h2 = _state_hi(s2, up, b2.dtype, MODE == 2)
+            b_ot = _state_times_b(b_ot, s2, h2, b2, DOT_PRECISION, TWO_PART)
+            b3, c3 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 3 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
+                               rows, R, CUT, TMA)
+            b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
+            h3 = _state_hi(s3, up, b3.dtype, MODE == 2)
+            b_ot = _state_times_b(b_ot, s3, h3, b3, DOT_PRECISION, TWO_PART)
+            if MODE == 1:
+                bad = _float16_row_check(_float16_row_check(bad, s2, h2, FROM_COPY), s3, h3, FROM_COPY)
+        if TMA:
+            b_vt = tl.trans(_rows_by_descriptor(d_v, t0, i_v * BV, o_t, rows, CUT))  # [BV, BT]
+        else:
+            b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
+        if ACC:
+            b_acc = load_tile(p_a, o_v, o_t, stride_ad, stride_an, D, rows)  # [BV, BT], float32
+
+        # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product, with
+        # the rows' float16 scales undone); this chunk through the masked scores
+        if MODE == 2:
+            b_ot = b_ot * down[:, None] * row_decay[None, :]
+        else:
+            b_ot = b_ot * row_decay[None, :]
+        b_at = b_at * m_intra_t
+        b_ot += mma(b_vt, round_to(b_at, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
+        if ACC:
+            b_ot += b_acc
+        store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
+
+        # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
+        n_rows = tl.minimum(rows, BT)
+        b_vd = b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]
+        b_vdt = round_to(b_vd, b_vt.dtype)
+        g_chunk = decay(lam, n_rows, HAS_DECAY)
+        s0 = _add_update(s0, g_chunk, b_vd, b_vdt, c0, DOT_PRECISION, TWO_PART)
+        if NK >= 2:
+            s1 = _add_update(s1, g_chunk, b_vd, b_vdt, c1, DOT_PRECISION, TWO_PART)
+        if NK >= 4:
+            s2 = _add_update(s2, g_chunk, b_vd, b_vdt, c2, DOT_PRECISION, TWO_PART)
+            s3 = _add_update(s3, g_chunk, b_vd, b_vdt, c3, DOT_PRECISION, TWO_PART)
+
+        p_b += BT * stride_bn
+        p_c += BT * stride_cn
+        p_v += BT * stride_vn
+        p_o += BT * stride_on
+        p_a += BT * stride_an
+    return s0, s1, s2, s3, tl.max(bad, axis=0)
 
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
@@ -270,21 +439,9 @@ def _chunk_walk_fwd_kernel(
     p_c += t_start64 * stride_cn
     p_v += t_start64 * stride_vn
     p_o += t_start64 * stride_on
-    # ACC (a piece of r after the first, kernels/pieces.py): the float32 sum of the pieces before this one,
-    # addressed as the output is, is added to each output tile before it is stored
-    stride_an, stride_ad = acc_strides[2], acc_strides[3]
-    p_a = head_ptr(acc_ptr, acc_strides, i_b, i_h) + t_start64 * stride_an
-
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-
-    # the state before the segment's first row.  SEGMENTED: the segments' start states are in the
-    # workspace (the launcher sets HAS_INITIAL for them), NW entries per batch·head, one per SEG / SUB
-    # rows (the state pass cut each segment into SUB pieces), segment i_s's at entry i_s·SUB; PREFIX
-    # (SUB = 1): their local states are, and the start state is
-    # γ^(i_s·SEG) S₀ + Σ_{j < i_s} γ^((i_s−1−j)·SEG) S_loc[j], summed here; otherwise the initial state,
-    # or zero
     if SEGMENTED and not PREFIX:
         p_s = ws_ptr + (i_bh * NW + i_s * SUB).to(tl.int64) * R * D
         stride_sk = D
@@ -293,100 +450,29 @@ def _chunk_walk_fwd_kernel(
         p_s = head_ptr(s0_ptr, s0_strides, i_row, i_h)
         stride_sk = s0_strides[2]
         stride_sd = s0_strides[3]
-    s0 = _start_state(p_s, stride_sk, stride_sd, o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
-    if NK >= 2:
-        s1 = _start_state(p_s, stride_sk, stride_sd, BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
-    if NK >= 4:
-        s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
-        s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
-    if PREFIX:
-        g_s = decay(lam, i_s.to(tl.int64) * SEG, HAS_DECAY)
-        s0 = s0 * g_s
-        if NK >= 2:
-            s1 = s1 * g_s
-        if NK >= 4:
-            s2 = s2 * g_s
-            s3 = s3 * g_s
-        p_ws = ws_ptr + (i_bh * NW).to(tl.int64) * R * D
-        for j in range(0, i_s):
-            g_j = decay(lam, (i_s - 1 - j).to(tl.int64) * SEG, HAS_DECAY)
-            s0 += g_j * _start_state(p_ws, D, 1, o_k, o_v, R, D, True, BK, BV)
-            if NK >= 2:
-                s1 += g_j * _start_state(p_ws, D, 1, BK + o_k, o_v, R, D, True, BK, BV)
-            if NK >= 4:
-                s2 += g_j * _start_state(p_ws, D, 1, 2 * BK + o_k, o_v, R, D, True, BK, BV)
-                s3 += g_j * _start_state(p_ws, D, 1, 3 * BK + o_k, o_v, R, D, True, BK, BV)
-            p_ws += R * D
+    p_ws = ws_ptr + (i_bh * NW).to(tl.int64) * R * D
+    # ACC (a piece of r after the first, kernels/pieces.py): the float32 sum of the pieces before this one,
+    # addressed as the output is, is added to each output tile before it is stored
+    p_a = head_ptr(acc_ptr, acc_strides, i_b, i_h) + t_start64 * acc_strides[2]
 
-    # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
-    m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
-    row_decay = decay(lam, o_t + 1, HAS_DECAY)
-
-    for t0 in range(t_start, t_end, BT):
-        rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
-        # float16: one power-of-two scale per state row (value column), from its largest entry
-        if SCALED:
-            m = _row_absmax(s0)
-            if NK >= 2:
-                m = tl.maximum(m, _row_absmax(s1))
-            if NK >= 4:
-                m = tl.maximum(m, tl.maximum(_row_absmax(s2), _row_absmax(s3)))
-            up, down = _pow2_scales(m)
-        else:
-            up = tl.full([BV], 1.0, tl.float32)
-            down = up
-        # transposed scores c bᵀ and the state term Sᵀ bᵀ, accumulated over the r tiles
-        b0, c0 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 0, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
-                           rows, R, CUT, TMA)
-        b_at = mma(c0, tl.trans(b0), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-        b_ot = _state_times_b(tl.zeros([BV, BT], dtype=tl.float32), s0, b0, up, DOT_PRECISION, TWO_PART)
-        if NK >= 2:
-            b1, c1 = _chunk_bc(p_b, p_c, d_b, d_c, t0, BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
-                               rows, R, CUT, TMA)
-            b_at += mma(c1, tl.trans(b1), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s1, b1, up, DOT_PRECISION, TWO_PART)
-        if NK >= 4:
-            b2, c2 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 2 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
-                               rows, R, CUT, TMA)
-            b_at += mma(c2, tl.trans(b2), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s2, b2, up, DOT_PRECISION, TWO_PART)
-            b3, c3 = _chunk_bc(p_b, p_c, d_b, d_c, t0, 3 * BK, o_t, o_k, stride_bn, stride_bk, stride_cn, stride_ck,
-                               rows, R, CUT, TMA)
-            b_at += mma(c3, tl.trans(b3), DOT_PRECISION)  # [BT, BK] @ [BK, BT]
-            b_ot = _state_times_b(b_ot, s3, b3, up, DOT_PRECISION, TWO_PART)
-        if TMA:
-            b_vt = tl.trans(_rows_by_descriptor(d_v, t0, i_v * BV, o_t, rows, CUT))  # [BV, BT]
-        else:
-            b_vt = tl.trans(load_tile(p_v, o_t, o_v, stride_vn, stride_vd, rows, D))  # [BV, BT]
-        if ACC:
-            b_acc = load_tile(p_a, o_v, o_t, stride_ad, stride_an, D, rows)  # [BV, BT], float32
-
-        # earlier chunks reach row i through the state, decayed by γ^(i+1) (applied to the product, with
-        # the rows' float16 scales undone); this chunk through the masked scores
-        b_ot = b_ot * down[:, None] * row_decay[None, :]
-        b_at = b_at * m_intra_t
-        b_ot += mma(b_vt, round_to(b_at, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
-        if ACC:
-            b_ot += b_acc
-        store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
-
-        # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
-        n_rows = tl.minimum(rows, BT)
-        b_vd = b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]
-        b_vdt = round_to(b_vd, b_vt.dtype)
-        g_chunk = decay(lam, n_rows, HAS_DECAY)
-        s0 = _add_update(s0, g_chunk, b_vd, b_vdt, c0, DOT_PRECISION, TWO_PART)
-        if NK >= 2:
-            s1 = _add_update(s1, g_chunk, b_vd, b_vdt, c1, DOT_PRECISION, TWO_PART)
-        if NK >= 4:
-            s2 = _add_update(s2, g_chunk, b_vd, b_vdt, c2, DOT_PRECISION, TWO_PART)
-            s3 = _add_update(s3, g_chunk, b_vd, b_vdt, c3, DOT_PRECISION, TWO_PART)
-
-        p_b += BT * stride_bn
-        p_c += BT * stride_cn
-        p_v += BT * stride_vn
-        p_o += BT * stride_on
-        p_a += BT * stride_an
+    # float16 (docs/design.md §2.3): the walk first rounds the state as it is, as bfloat16's does, and checks
+    # each row's float16 copy on the side; a program whose copy failed a row anywhere walks its rows again with
+    # every row scaled (its outputs written over; the final state is stored only by the walk that holds)
+    MODE: tl.constexpr = 1 if SCALED else 0
+    s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
+                                 HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
+    s0, s1, s2, s3, bad = _walk_chunks(
+        s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
+        stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
+        acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, ACC, TMA, CUT, NK, MODE, BT, BK, BV)
+    if SCALED:
+        if bad:
+            s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
+                                         HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
+            s0, s1, s2, s3, bad = _walk_chunks(
+                s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k,
+                o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
+                acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, ACC, TMA, CUT, NK, 2, BT, BK, BV)
 
     # the final state: the walk of the last segment ends with it (of a packed sequence: its only walk)
     if STORE_STATE and VARLEN:

@@ -41,8 +41,9 @@ def _opcode(text: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
 
 
-def instruction_mix(sass: str) -> tuple[collections.Counter, collections.Counter]:
-    """(the kernel's opcode counts, those of its largest loop: a label and the farthest backward branch to it)."""
+def instruction_mix(sass: str, top: int = 1) -> tuple[collections.Counter, list]:
+    """(the kernel's opcode counts, those of its ``top`` largest loops, largest first: each a label and the
+    farthest backward branch to it)."""
     insts, labels, pending = [], {}, None
     for line in sass.splitlines():
         label = re.match(r"\s*\.(L_x_\d+):", line)
@@ -61,11 +62,11 @@ def instruction_mix(sass: str) -> tuple[collections.Counter, collections.Counter
         if m and m.group(1) in labels and labels[m.group(1)] < addr:
             loops.append((addr - labels[m.group(1)], labels[m.group(1)], addr))
     whole = collections.Counter(_opcode(t) for _, t in insts)
-    loop = collections.Counter()
-    if loops:
-        _, start, end = max(loops)
-        loop = collections.Counter(_opcode(t) for a, t in insts if start <= a <= end)
-    return whole, loop
+    widest = {}
+    for size, start, end in loops:  # one loop per label: its farthest backward branch
+        widest[start] = max(widest.get(start, (0, start, end)), (size, start, end))
+    chosen = sorted(widest.values(), reverse=True)[:top] or [(0, 0, -1)]
+    return whole, [collections.Counter(_opcode(t) for a, t in insts if start <= a <= end) for _, start, end in chosen]
 
 
 def main(argv=None) -> int:
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", default=None, help="the kernel's config space (default: the method's walk)")
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--loops", type=int, default=1, help="how many of the largest loops to count")
     opts = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
@@ -98,13 +100,16 @@ def main(argv=None) -> int:
         f.flush()
         nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
         sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    whole, loop = instruction_mix(sass)
+    whole, loops = instruction_mix(sass, opts.loops)
+    regs = max((int(x) for x in re.findall(r"\bR(\d+)\b", sass)), default=-1) + 1
     flags = {k: args[k] for k in ("SEGMENTED", "PREFIX") if k in args}
     print(f"# triton {triton.__version__}, sm_90, {name}, {opts.dtype}, r = {opts.r}, d = {opts.d}, {json.dumps(cfg)}, "
           f"{flags}: shared {compiled.metadata.shared} B")
-    print(f"kernel: {sum(whole.values())} instructions")
-    print(f"loop (one chunk, per thread): {sum(loop.values())} instructions: "
-          + " ".join(f"{k} {v}" for k, v in loop.most_common(16)))
+    print(f"kernel: {sum(whole.values())} instructions, registers R0..R{regs - 1}, "
+          f"local loads {whole['LDL']} and stores {whole['STL']}")
+    for loop in loops:
+        print(f"loop (one chunk, per thread): {sum(loop.values())} instructions: "
+              + " ".join(f"{k} {v}" for k, v in loop.most_common(16)))
     return 0
 
 

@@ -124,3 +124,19 @@ def test_autotuning_decode_step_leaves_state_intact(tuning_for_real):
     o_t, _ = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, gamma)
     assert_close(o_t, ref[:, :, 0], tolerance(torch.float16), "decode_step after autotuning")
     assert_close(state, ref_state, tolerance(torch.float16), "decode_step state after autotuning")
+
+
+def test_float16_walk_flags_cover_every_walk_config():
+    """float16's checked walk writes one flag per program into a buffer sized for value tiles of MIN_BV
+    columns (docs/design.md §2.3): no walk config of any family may have narrower tiles (more programs)."""
+    from leettriton.autotune.families import FAMILIES
+    from leettriton.methods.block_based import space as block_based
+    from leettriton.methods.lightning_attention import kernels, space as lightning
+    widths = {c["BV"] for sp in (lightning.FWD, lightning.VARLEN, block_based.FWD) for f in FAMILIES
+              for c in sp.family_configs(f)}
+    assert min(widths) >= kernels.MIN_BV, sorted(widths)
+    p, _ = make_problem(*(torch.zeros(2, 3, 40, 8, dtype=torch.float16) for _ in range(2)),
+                        torch.zeros(2, 3, 40, 50, dtype=torch.float16))
+    assert kernels.walk_flags(p, 5).numel() == -(-50 // kernels.MIN_BV) * 5 * 2 * 3
+    p, _ = make_problem(*(torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16) for _ in range(3)))
+    assert kernels.walk_flags(p, 1) is None

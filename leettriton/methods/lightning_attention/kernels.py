@@ -67,7 +67,7 @@ memory of ``triton.set_allocator``): without them the walk reads through pointer
 from ...problem import Problem, VarlenProblem
 from ..spec import Plan
 from ...autotune import KernelSpace, autotune, launch
-from ...autotune.configs import CompiledLaunches
+from ...autotune.configs import CompiledLaunches, chosen_config
 from ...autotune.families import current_family, is_interpreting
 from . import space as spaces
 from ...autotune.sizing import cdiv
@@ -388,9 +388,9 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
 def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides,
+    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides, flag_ptr,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
-    TWO_PART: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
+    TWO_PART: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, REDO: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
@@ -402,6 +402,14 @@ def _chunk_walk_fwd_kernel(
     # one flat grid, value tiles fastest: the programs that share b and c run side by side (L2 reuse),
     # and batch·heads·segments may exceed the 65535 limit of the grid's other axes
     pid = tl.program_id(0)
+    # float16 (docs/design.md §2.3): the walk rounds the state as it is, as bfloat16's does, checks each row's
+    # float16 copy on the side and writes one flag per program; the same grid launched again with REDO walks
+    # the flagged programs' rows once more with every row scaled (their outputs written over) and leaves the
+    # others at once.  The final state is stored by the walk that holds
+    if REDO:
+        if tl.load(flag_ptr + pid) == 0:
+            return
+    MODE: tl.constexpr = 2 if REDO else (1 if SCALED else 0)
     nv = (D + BV - 1) // BV
     i_v = pid % nv
     i_bhs = pid // nv
@@ -455,24 +463,16 @@ def _chunk_walk_fwd_kernel(
     # addressed as the output is, is added to each output tile before it is stored
     p_a = head_ptr(acc_ptr, acc_strides, i_b, i_h) + t_start64 * acc_strides[2]
 
-    # float16 (docs/design.md §2.3): the walk first rounds the state as it is, as bfloat16's does, and checks
-    # each row's float16 copy on the side; a program whose copy failed a row anywhere walks its rows again with
-    # every row scaled (its outputs written over; the final state is stored only by the walk that holds)
-    MODE: tl.constexpr = 1 if SCALED else 0
     s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
                                  HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
     s0, s1, s2, s3, bad = _walk_chunks(
         s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
         stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
         acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, ACC, TMA, CUT, NK, MODE, BT, BK, BV)
-    if SCALED:
-        if bad:
-            s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
-                                         HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
-            s0, s1, s2, s3, bad = _walk_chunks(
-                s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k,
-                o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-                acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, ACC, TMA, CUT, NK, 2, BT, BK, BV)
+    if MODE == 1:
+        tl.store(flag_ptr + pid, bad)
+        if bad != 0:
+            return  # the redo walks these rows again and stores the final state
 
     # the final state: the walk of the last segment ends with it (of a packed sequence: its only walk)
     if STORE_STATE and VARLEN:
@@ -511,7 +511,7 @@ def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_opti
 
 
 WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr", "cu_ptr", "slot_ptr",
-                 "init_ptr", "acc_ptr")
+                 "init_ptr", "acc_ptr", "flag_ptr")
 """The chunk walk's tensor arguments.  Each walk kernel launches through its ``launches``
 (:class:`~leettriton.autotune.configs.CompiledLaunches`): a shape, strides, dtypes, flags and config
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
@@ -520,8 +520,38 @@ seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
 def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict):
     """Launch a walk kernel through its compiled launches; returns the Launch that repeats it (or None).
     Its key is every argument but the tensors by value (sizes, strides, segment counts, flags), the
-    tensors by dtype, the config, and the batch size the grid reads besides the arguments."""
-    return kernel.launches.launch_args(grid, config, args, batch)
+    tensors by dtype, the config, and the batch size the grid reads besides the arguments.
+
+    float16 (``args["flag_ptr"]`` a flag per program): the checked walk, then the same grid with ``REDO``
+    and the config the first launch ran (docs/design.md §2.3); the Launch returned repeats both."""
+    first = kernel.launches.launch_args(grid, config, args, batch)
+    if not _checked(args):
+        return first
+    ran = config if config is not None else chosen_config(kernel)
+    redo = kernel.launches.launch_args(grid, ran, {**args, "REDO": True}, batch)
+    if first is None or redo is None:
+        return None
+    return lambda tensors: first(tensors) and redo(tensors)
+
+
+MIN_BV = 16
+"""The narrowest value tile of any walk config: a walk has at most cdiv(d, MIN_BV) programs per segment and
+batch·head, so many float16 flags (:func:`walk_flags`)."""
+
+
+def _checked(args: Mapping) -> bool:
+    """Whether a walk launch is float16's checked walk (b float16), which writes a flag per program."""
+    return args["b_ptr"].dtype == torch.float16
+
+
+def walk_flags(p, programs_per_row: int) -> Optional[torch.Tensor]:
+    """float16's per-program flags (int32, one per walk program, each written by the checked walk before the
+    redo reads it: no fill), for a walk of ``programs_per_row`` programs per batch·head and value tile; None
+    for other dtypes."""
+    if p.b.dtype != torch.float16:
+        return None
+    B, H, n, r, d = p.shape
+    return torch.empty(max(1, cdiv(d, MIN_BV) * programs_per_row * B * H), dtype=torch.int32, device=p.v.device)
 
 
 _lightning_attention_fwd_kernel = chunk_walk_kernel(spaces.FWD)
@@ -546,6 +576,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
     memo, mark = (p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype,
                            p.out.stride()))
+    flags = walk_flags(p, 1 if ws is None else cdiv(p.shape[2], seg_len))
     if DESCRIPTORS and p.v.is_cuda:
         _scratch_allocator()  # before any launch: a repeat of a launch with tensor descriptors needs one too
     if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
@@ -559,7 +590,8 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
             stand_in = out if ws is None else ws
             if again((p.b, p.c, p.v, out, out if p.gamma is None else p.gamma,
                       out if p.initial_state is None else p.initial_state, out if p.state is None else p.state,
-                      stand_in, stand_in, stand_in, stand_in, out if partial is None else partial)):
+                      stand_in, stand_in, stand_in, stand_in, out if partial is None else partial,
+                      out if flags is None else flags)):
                 return
     B, H, n, r, d = p.shape
     args = problem_args(p)
@@ -577,7 +609,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
                 TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
-                **partial_args(p, args, partial))
+                flag_ptr=p.out if flags is None else flags, REDO=False, **partial_args(p, args, partial))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
@@ -675,10 +707,17 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
     args = problem_args(p)
     stand_in = p.cu_seqlens
     grid = lambda meta: (cdiv(d, meta["BV"]) * seqs * H,)  # noqa: E731
+    flags = walk_flags(p, seqs)
+    args.update(ws_ptr=p.out, SEG=n, NS=seqs, NW=1, SUB=1, cu_ptr=p.cu_seqlens,
+                slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
+                init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
+                SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
+                TWO_PART=False, TMA=False, CUT=False, flag_ptr=p.out if flags is None else flags, REDO=False,
+                **partial_args(p, args, partial))
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
-    # on by value, change from call to call
-    launch(_varlen_walk_kernel, grid, (config or {}).get(spaces.VARLEN.name), **args, ws_ptr=p.out, SEG=n, NS=seqs, NW=1,
-           SUB=1, cu_ptr=p.cu_seqlens, slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
-           init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
-           SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
-           TWO_PART=False, TMA=False, CUT=False, **partial_args(p, args, partial))
+    # on by value, change from call to call.  float16: the redo with the config the checked walk ran
+    config = (config or {}).get(spaces.VARLEN.name)
+    launch(_varlen_walk_kernel, grid, config, **args)
+    if flags is not None:
+        launch(_varlen_walk_kernel, grid, config if config is not None else chosen_config(_varlen_walk_kernel),
+               **{**args, "REDO": True})

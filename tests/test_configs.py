@@ -135,8 +135,10 @@ def test_float16_walk_flags_cover_every_walk_config():
     widths = {c["BV"] for sp in (lightning.FWD, lightning.VARLEN, block_based.FWD) for f in FAMILIES
               for c in sp.family_configs(f)}
     assert min(widths) >= kernels.MIN_BV, sorted(widths)
-    p, _ = make_problem(*(torch.zeros(2, 3, 40, 8, dtype=torch.float16) for _ in range(2)),
+    assert kernels.MIN_BV > 0
+    p, _ = make_problem(*(torch.zeros(2, 3, 40, 100, dtype=torch.float16) for _ in range(2)),
                         torch.zeros(2, 3, 40, 50, dtype=torch.float16))
     assert kernels.walk_flags(p, 5).numel() == -(-50 // kernels.MIN_BV) * 5 * 2 * 3
-    p, _ = make_problem(*(torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16) for _ in range(3)))
-    assert kernels.walk_flags(p, 1) is None
+    for dtype, r in ((torch.bfloat16, 100), (torch.float16, 64)):  # unchecked: another dtype, or r too narrow
+        p, _ = make_problem(*(torch.zeros(1, 1, 4, r, dtype=dtype) for _ in range(3)))
+        assert kernels.walk_flags(p, 1) is None

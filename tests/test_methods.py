@@ -284,12 +284,14 @@ def test_fleet_attention_scores_that_cancel_over_ranks(n, r, d, gamma, dtype):
 
 @pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
 @pytest.mark.parametrize("gamma", [1.0, 0.999])
-def test_float16_state_beyond_float16_range(method, gamma):
-    """The chunk walk rounds its float32 state to float16 for the product with b, each row scaled
-    by a power of two first: a state far past 65 504 (positive c and v, γ near 1, a large initial
-    state) with a small b (so that the output itself fits float16) stays finite and accurate."""
+@pytest.mark.parametrize("r", [24, 100], ids=["scaled", "checked"])
+def test_float16_state_beyond_float16_range(method, gamma, r):
+    """The chunk walk rounds its float32 state to float16 for the product with b, each row scaled by a
+    power of two first (r = 24), or as it is with a redo, scaled, where a row's copy overflows (r = 100):
+    a state far past 65 504 (positive c and v, γ near 1, a large initial state) with a small b (so that
+    the output itself fits float16) stays finite and accurate."""
     g = torch.Generator().manual_seed(5)
-    B, H, n, r, d = 1, 2, 150, 24, 40
+    B, H, n, d = 1, 2, 150, 40
     b = (torch.rand(B, H, n, r, generator=g) * 1e-4).to(torch.float16)
     c, v = ((torch.rand(B, H, n, x, generator=g) * 30).to(torch.float16) for x in (r, d))
     s0 = torch.rand(B, H, r, d, generator=g) * 1e6
@@ -303,14 +305,16 @@ def test_float16_state_beyond_float16_range(method, gamma):
 
 @pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
 @pytest.mark.parametrize("scales", [(1e4, 1e-3, 1e-3), (1.0, 1.0, 1.0)], ids=["tiny-state", "one-tiny-column"])
-def test_float16_state_below_float16_normals(method, scales):
+@pytest.mark.parametrize("r", [64, 100], ids=["scaled", "checked"])
+def test_float16_state_below_float16_normals(method, scales, r):
     """float16's walk rounds the state as it is unless a row's copy leaves float16's normal range
     (docs/design.md §2.3).  A state of about 1e-6 (c and v scaled by 1e-3, b by 1e4, so the output is
     normal) is all subnormals in float16: rounded as it is, the output errs by about 2e-2, so this fails
     unless the check sends the walk round again, scaled.  With one value column 1e-3 times the others (only
-    column's rows fail, so only its value tile walks again) the output, that column and the state hold too."""
+    that column's rows fail, so only its value tile walks again) the output, that column and the state hold
+    too.  r = 64 runs the scaled walk, r = 100 the checked walk and its redo."""
     g = torch.Generator().manual_seed(7)
-    B, H, n, r, d = 1, 2, 200, 64, 200  # d: more than one value tile
+    B, H, n, d = 1, 2, 200, 200  # d: more than one value tile
     sb, sc, sv = scales
     b = (torch.randn(B, H, n, r, generator=g) * r ** -0.5 * sb).to(torch.float16)
     c = (torch.randn(B, H, n, r, generator=g) * r ** -0.5 * sc).to(torch.float16)

@@ -92,7 +92,7 @@ def test_varlen_float16_pool_state_out_of_float16_range():
     """A packed float16 walk whose first sequence's state leaves float16's range walks that sequence again,
     scaled (docs/design.md §2.3), from the same slot: the pool is written only by the walk that holds, so
     the second walk starts from the state the sequence started from, not the first walk's final one."""
-    H, r, d = 2, 32, 24
+    H, r, d = 2, 96, 24  # r > 64: the checked walk (docs/design.md §2.3)
     lens = [130, 70, 0, 41]
     b, c, v, cu = packed_inputs(lens, H, r, d, torch.float16, seed=11)
     first = slice(0, lens[0])

@@ -213,6 +213,12 @@ def _state_times_b(acc, s, s_hi, b, PRECISION: tl.constexpr, TWO_PART: tl.conste
     return acc
 
 
+_CHECKED_MIN_R = 128
+CHECKED_MIN_R = tl.constexpr(_CHECKED_MIN_R)
+"""float16 walks with r (rounded up to a power of two) at least this wide are checked, with a redo launch; narrower
+ones scale every chunk's operand (one launch): at r = 64 the scaling is cheap and the redo's launch is not
+(H200, 1 × 16 × 2048: 24.2 µs scaled, 25.5 checked; perf/results/h200/walk_fp16_checked.log)."""
+
 FP16_ROW_FLOOR = tl.constexpr(2.0 ** -8)
 """float16's checked mode rounds a state row as it is only when its largest rounded magnitude is zero or in
 [FP16_ROW_FLOOR, 65 504] (docs/design.md §2.3); every other row sends the program's walk round again, scaled."""
@@ -409,7 +415,7 @@ def _chunk_walk_fwd_kernel(
     if REDO:
         if tl.load(flag_ptr + pid) == 0:
             return
-    MODE: tl.constexpr = 2 if REDO else (1 if SCALED else 0)
+    MODE: tl.constexpr = 2 if REDO else ((1 if RP >= CHECKED_MIN_R else 2) if SCALED else 0)
     nv = (D + BV - 1) // BV
     i_v = pid % nv
     i_bhs = pid // nv
@@ -540,17 +546,18 @@ batch·head, so many float16 flags (:func:`walk_flags`)."""
 
 
 def _checked(args: Mapping) -> bool:
-    """Whether a walk launch is float16's checked walk (b float16), which writes a flag per program."""
-    return args["b_ptr"].dtype == torch.float16
+    """Whether a walk launch is float16's checked walk (b float16, r ≥ CHECKED_MIN_R), which writes a flag per
+    program."""
+    return args["b_ptr"].dtype == torch.float16 and args["RP"] >= _CHECKED_MIN_R
 
 
 def walk_flags(p, programs_per_row: int) -> Optional[torch.Tensor]:
     """float16's per-program flags (int32, one per walk program, each written by the checked walk before the
     redo reads it: no fill), for a walk of ``programs_per_row`` programs per batch·head and value tile; None
-    for other dtypes."""
-    if p.b.dtype != torch.float16:
-        return None
+    for other dtypes and narrower r (:data:`CHECKED_MIN_R`)."""
     B, H, n, r, d = p.shape
+    if p.b.dtype != torch.float16 or pow2_at_least_16(r) < _CHECKED_MIN_R:
+        return None
     return torch.empty(max(1, cdiv(d, MIN_BV) * programs_per_row * B * H), dtype=torch.int32, device=p.v.device)
 
 

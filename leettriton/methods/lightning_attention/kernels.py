@@ -27,9 +27,12 @@ the same b and c tiles run side by side and share them through L2.
 Precision: 16-bit inputs feed the score and value products directly (the
 decayed scores and the decayed v are rounded to the input dtype, as in every
 flash-style kernel).  The state stays float32; for its product with b it is
-rounded to the input dtype (see :func:`_state_times_b`): float16 with each row
-scaled by a power of two (never past float16's limit, 11 significant bits,
-as TF32 keeps), bfloat16 as it is (8 bits, as b itself).  The row decay
+rounded to the input dtype (see :func:`_state_hi`): bfloat16 as it is (8 bits,
+as b itself); float16 for r > 64 as it is too, each row's copy checked on the
+side, and the programs whose copy left float16's normal range walked again by
+a second launch of the grid with every row scaled by a power of two (never past
+float16's limit, 11 significant bits, as TF32 keeps); for r ≤ 64 scaled so
+throughout (docs/design.md §2.3, :func:`_walk_chunks`'s modes).  The row decay
 γ^(i+1) is applied to the product's rows, after it.  With ``TWO_PART`` (the
 backward's calls, bfloat16: docs/design.md §10.4) the state before that product
 and the decayed v before each state update go in as two bfloat16 parts, hi + lo,

@@ -558,8 +558,10 @@ def walk_flags(p, programs_per_row: int) -> Optional[torch.Tensor]:
     """float16's per-program flags (int32, one per walk program, each written by the checked walk before the
     redo reads it: no fill), for a walk of ``programs_per_row`` programs per batch·head and value tile; None
     for other dtypes and narrower r (:data:`CHECKED_MIN_R`)."""
+    if p.b.dtype != torch.float16:  # first: the other dtypes' calls pay this test alone
+        return None
     B, H, n, r, d = p.shape
-    if p.b.dtype != torch.float16 or pow2_at_least_16(r) < _CHECKED_MIN_R:
+    if pow2_at_least_16(r) < _CHECKED_MIN_R:
         return None
     return torch.empty(max(1, cdiv(d, MIN_BV) * programs_per_row * B * H), dtype=torch.int32, device=p.v.device)
 

@@ -209,3 +209,14 @@ def device_of(args) -> torch.device:
 
 def cli_argv(argv: Optional[Sequence[str]]) -> list[str]:
     return list(argv) if argv is not None else sys.argv[1:]
+
+
+def shape_inputs(shape: str, dtype: torch.dtype, device: str = "cuda"):
+    """b, c, v and γ for a ``BxHxNxRxD`` shape, seed 0: b, c ~ N(0, 1/r), v ~ N(0, 1), and RetNet's decay per
+    head, 1 − 2^(−5 − 3h/(H−1)) (0.969 … 0.996)."""
+    B, H, n, r, d = (int(x) for x in shape.split("x"))
+    torch.manual_seed(0)
+    b, c = (torch.randn(B, H, n, r, device=device, dtype=dtype) * r ** -0.5 for _ in range(2))
+    v = torch.randn(B, H, n, d, device=device, dtype=dtype)
+    gamma = torch.tensor([1 - 2 ** (-5 - 3 * h / max(H - 1, 1)) for h in range(H)], device=device)
+    return b, c, v, gamma

@@ -13,12 +13,17 @@ has ``leettriton.bench.graph_replay``) can be profiled by the same script (``PYT
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import leettriton
 from leettriton.bench import graph_replay, time_ms
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 SHAPES = "1x8x8192x256x512,1x8x32768x256x512,2x8x8192x256x512,1x32x8192x128x128,1x32x32768x128x128," \
          "1x32x100000x128x128,1x16x8192x64x64"
@@ -49,10 +54,7 @@ def main(argv=None) -> None:
     for dt in (getattr(torch, x) for x in opts.dtypes.split(",")):
         for shape in opts.shapes.split(","):
             B, H, n, r, d = (int(x) for x in shape.split("x"))
-            torch.manual_seed(0)
-            b, c = (torch.randn(B, H, n, r, device="cuda", dtype=dt) * r ** -0.5 for _ in range(2))
-            v = torch.randn(B, H, n, d, device="cuda", dtype=dt)
-            gamma = torch.tensor([1 - 2 ** (-5 - 3 * h / max(H - 1, 1)) for h in range(H)], device="cuda")
+            b, c, v, gamma = common.shape_inputs(shape, dt)
             fn = lambda: leettriton.linear_attention(b, c, v, gamma, method="auto")  # noqa: E731
             out = fn()
             ref = reference_tail(b, c, v, gamma)

@@ -11,12 +11,17 @@ against the float64 reference; then ``lightning_attention`` (one launch, no segm
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import triton
 
 import leettriton
 from leettriton.bench import graph_replay, time_ms
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 from leettriton import plan as plans
 from leettriton.methods.block_based import space
 from leettriton.problem import make_problem
@@ -38,10 +43,7 @@ def main(argv=None) -> None:
     for dt in (getattr(torch, x) for x in opts.dtypes.split(",")):
         for shape in opts.shapes.split(","):
             B, H, n, r, d = (int(x) for x in shape.split("x"))
-            torch.manual_seed(0)
-            b, c = (torch.randn(B, H, n, r, device="cuda", dtype=dt) * r ** -0.5 for _ in range(2))
-            v = torch.randn(B, H, n, d, device="cuda", dtype=dt)
-            gamma = torch.tensor([1 - 2 ** (-5 - 3 * h / max(H - 1, 1)) for h in range(H)], device="cuda")
+            b, c, v, gamma = common.shape_inputs(shape, dt)
             ref = leettriton.reference(b, c, v, gamma)
             for label, method, mins in ([("auto", "auto", m) for m in opts.min_segments.split(",")]
                                         + [("lightning_attention", "lightning_attention", "rule")]):

@@ -526,21 +526,21 @@ WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
 
 
-def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict):
+def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict, redo: bool):
     """Launch a walk kernel through its compiled launches; returns the Launch that repeats it (or None).
     Its key is every argument but the tensors by value (sizes, strides, segment counts, flags), the
     tensors by dtype, the config, and the batch size the grid reads besides the arguments.
 
-    float16 (``args["flag_ptr"]`` a flag per program): the checked walk, then the same grid with ``REDO``
-    and the config the first launch ran (docs/design.md §2.3); the Launch returned repeats both."""
+    ``redo`` (float16's checked walk: ``args["flag_ptr"]`` from :func:`walk_flags`): the same grid again with
+    ``REDO`` and the config the first launch ran (docs/design.md §2.3); the Launch returned repeats both."""
     first = kernel.launches.launch_args(grid, config, args, batch)
-    if not _checked(args):
+    if not redo:
         return first
     ran = config if config is not None else chosen_config(kernel)
-    redo = kernel.launches.launch_args(grid, ran, {**args, "REDO": True}, batch)
-    if first is None or redo is None:
+    again = kernel.launches.launch_args(grid, ran, {**args, "REDO": True}, batch)
+    if first is None or again is None:
         return None
-    return lambda tensors: first(tensors) and redo(tensors)
+    return lambda tensors: first(tensors) and again(tensors)
 
 
 MIN_BV = 16
@@ -548,16 +548,11 @@ MIN_BV = 16
 batch·head, so many float16 flags (:func:`walk_flags`)."""
 
 
-def _checked(args: Mapping) -> bool:
-    """Whether a walk launch is float16's checked walk (b float16, r ≥ CHECKED_MIN_R), which writes a flag per
-    program."""
-    return args["b_ptr"].dtype == torch.float16 and args["RP"] >= _CHECKED_MIN_R
-
-
 def walk_flags(p, programs_per_row: int) -> Optional[torch.Tensor]:
     """float16's per-program flags (int32, one per walk program, each written by the checked walk before the
     redo reads it: no fill), for a walk of ``programs_per_row`` programs per batch·head and value tile; None
-    for other dtypes and narrower r (:data:`CHECKED_MIN_R`)."""
+    for other dtypes and narrower r (:data:`CHECKED_MIN_R`), whose walks the kernel does not check.  The one
+    host-side test of that rule: a launcher launches the redo exactly when this gives flags."""
     if p.b.dtype != torch.float16:  # first: the other dtypes' calls pay this test alone
         return None
     B, H, n, r, d = p.shape
@@ -622,7 +617,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
                 TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
                 flag_ptr=p.out if flags is None else flags, REDO=False, **partial_args(p, args, partial))
-    again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args)
+    again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
 

@@ -4,6 +4,8 @@ Needs perf/experiments/lookback_walk.patch applied (perf/results/h200/walk_lookb
 
     python perf/experiments/lookback_debug.py
 """
+import os
+import sys
 import types
 
 import torch
@@ -14,31 +16,23 @@ from leettriton.methods.lightning_attention import kernels as walk
 from leettriton.plan import resolve
 from leettriton.problem import make_problem
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import common  # noqa: E402
+
 made = []
 proxy = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
 proxy.zeros = lambda *a, **k: made.append(torch.zeros(*a, **k)) or made[-1]
 walk.torch = proxy
 
 
-def reference(b, c, v, g):
-    n = b.shape[2]
-    i = torch.arange(n, device=b.device)
-    e = (i[:, None] - i[None, :]).double()
-    m = torch.where(e >= 0, torch.exp(g.double().log()[:, None, None] * e.clamp(min=0)), 0.0)
-    return ((b.double() @ c.double().transpose(-1, -2)) * m) @ v.double()
-
-
-torch.manual_seed(0)
-for B, H, n, r, d in [(1, 16, 2048, 64, 64), (1, 4, 2048, 64, 64), (1, 8, 8192, 256, 512), (1, 16, 8192, 64, 64)]:
+for shape in ("1x16x2048x64x64", "1x4x2048x64x64", "1x8x8192x256x512", "1x16x8192x64x64"):
+    B, H, n, r, d = (int(x) for x in shape.split("x"))
     for dtype in (torch.float32, torch.bfloat16):
-        b, c = (torch.randn(B, H, n, r, device="cuda") / r ** 0.5 for _ in range(2))
-        v = torch.randn(B, H, n, d, device="cuda")
-        g = 1 - torch.exp2(-5 - 3 * torch.arange(H, device="cuda") / max(1, H - 1))
-        b, c, v = b.to(dtype), c.to(dtype), v.to(dtype)
+        b, c, v, g = common.shape_inputs(shape, dtype)
         plan = resolve(make_problem(b, c, v, g)[0], "block_based")
-        ref = reference(b, c, v, g)
+        ref = leettriton.reference(b, c, v, g)
         lb = plan.schedule.get("lookback")
-        starts = space.lookback_lengths(*lb[:1], lb[1], lb[2], lb[3]) if lb else []
+        starts = space.lookback_lengths(*lb) if lb else []
         for rep in range(3):
             made.clear()
             out = leettriton.linear_attention(b, c, v, g, method="block_based").double()

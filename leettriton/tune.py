@@ -49,6 +49,7 @@ from .autotune import KERNELS, chosen_configs, current_family, in_family, record
 from .autotune.families import FAMILIES
 from .autotune.heuristics import FORMAT, default_path
 from .bench.inputs import decay_gammas
+from .bench.timing import graph_replay
 
 GRIDS = {
     "full": dict(dtype=["float16", "bfloat16", "float32"], decay=[True, False],
@@ -60,6 +61,7 @@ GRIDS = {
 SLOWER_THAN_BEST_TO_DROP = 10.0  # a method this many times slower than the best is not run at larger n
 MEMORY_FRACTION = 0.45           # points whose inputs and output would exceed this share of memory are skipped
 DEVICE = "cuda"                  # where the points run (the tests' stand-in runs them on the CPU)
+TIMING = "graph replay"          # how a method's whole call is timed (:func:`_whole_call_ms`), recorded per point
 
 
 def _point_key(p) -> tuple:
@@ -138,15 +140,21 @@ def _refined(p, method: str, spaces, family, ms: float, config: dict, launched: 
     return ms, config
 
 
-def _whole_call_ms(p, method: str, config: dict, *, compile_first: bool = True) -> float:
-    """Median ms of ``method`` on ``p`` with every kernel's config pinned (as ``auto`` launches it),
-    after one untimed call that compiles what has not been (``compile_first``)."""
+def _whole_call_ms(p, method: str, config: dict) -> float:
+    """Median ms of ``method``'s kernels on ``p`` with every kernel's config pinned (as ``auto`` launches
+    them): the replay of the call's CUDA graph (:func:`~leettriton.bench.timing.graph_replay`, whose capture
+    runs the call once first, compiling what has not been), timed by ``do_bench`` (L2 cleared before each
+    replay), as ``perf/bench_auto.py`` times ``auto`` and the methods it is checked against.
+
+    The kernels' time, not the host's: timed from Python, a call of under about 0.07 ms took the host's
+    time, which swung with the host's load between runs (float16 64 × 128 without decay, ``vanilla``, the same
+    kernel in all three: 0.011 ms in perf/results/h200/tune.log, 0.022 and 0.058 in the two parts of
+    tune_fp16_checked.log), and the fastest method there was the host's choice.  A call that cannot be
+    captured raises (none of the library's calls reads a device value on the host)."""
     from triton.testing import do_bench
 
-    if compile_first:
-        run_problem(p, method, config)
-        torch.cuda.synchronize()
-    return do_bench(lambda: run_problem(p, method, config), warmup=10, rep=40, return_mode="median")
+    replay = graph_replay(lambda: run_problem(p, method, config))
+    return do_bench(replay, warmup=10, rep=40, return_mode="median")
 
 
 def _tuned(p, method: str, pinned: dict, clear: bool):
@@ -163,7 +171,7 @@ def _tuned(p, method: str, pinned: dict, clear: bool):
     launched = {}
     for kernel, args in log:
         launched.setdefault(kernel.space.name, args)
-    return _whole_call_ms(p, method, config, compile_first=False), config, launched
+    return _whole_call_ms(p, method, config), config, launched
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -338,12 +346,12 @@ def main(argv=None) -> int:
     sha = _git_sha()
     doc["measured"] = {
         "device": device_name, "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "cuda": torch.version.cuda, "git_sha": sha,
+        "cuda": torch.version.cuda, "git_sha": sha, "timing": TIMING,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m leettriton.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     # what each point records of how it was measured (the file's "measured" is the last run's)
-    provenance = {k: doc["measured"][k] for k in ("git_sha", "date", "device", "torch", "triton")}
+    provenance = {k: doc["measured"][k] for k in ("git_sha", "date", "device", "torch", "triton", "timing")}
     merged = {k: sorted({json.dumps(x) for x in doc["grid"].get(k, []) + grid[k]}) for k in grid}
     doc["grid"] = {k: [json.loads(x) for x in v] for k, v in merged.items()}
     done = {_point_key(p): p for p in doc["points"]}

@@ -272,6 +272,39 @@ def _stand_in_tuner(monkeypatch, sha: str, times: dict, calls: list, given: Opti
     monkeypatch.setattr(tune, "time_method", timed)
 
 
+def test_tuner_times_the_replay_of_the_whole_call_s_graph(monkeypatch):
+    """The tuner's time of a method is do_bench's of the replay of the call's CUDA graph (the kernels' time,
+    not the host's), and the graph is of the call with every config pinned: here a stand-in graph runs the
+    captured call, whose output must be the method's result, and only the replay is timed."""
+    import triton.testing
+    from leettriton.reference import reference, tolerance
+
+    case = Case(1, 2, 96, 16, 16, gamma=0.9, seed=5)
+    b, c, v, g, _ = case.tensors(DEVICE)
+    p, _ = make_problem(b, c, v, g)
+    pinned = {"vanilla.fwd": KERNELS["vanilla.fwd"].space.family_configs(current_family())[0]}
+    captured, timed = [], []
+
+    def stand_in_graph(fn):
+        captured.append(fn)
+        return lambda: ("replayed", fn())
+
+    def stand_in_bench(fn, warmup, rep, return_mode):
+        timed.append((fn(), return_mode))
+        return 0.25
+
+    monkeypatch.setattr(tune, "graph_replay", stand_in_graph)
+    monkeypatch.setattr(triton.testing, "do_bench", stand_in_bench)
+    kernel = KERNELS["vanilla.fwd"]
+    kernel.cache.clear()
+    with recording() as log:
+        assert tune._whole_call_ms(p, "vanilla", pinned) == 0.25
+    assert len(captured) == 1 and timed == [(("replayed", None), "median")]
+    # the captured call launched its one kernel with the config it was given: its autotuner never ran
+    assert [k for k, _ in log] == [kernel] and not kernel.cache
+    assert_close(p.out, reference(b, c, v, g), tolerance(b.dtype), "the replayed call's output")
+
+
 def _tiny_grid(out: str, decay: str, methods: str) -> list:
     """tune's arguments for a float32 series at r = d = 4, batch·heads 1 (add --n)."""
     return ["--gpu", "h100", "--dtypes", "float32", "--decay", decay, "--rd", "4x4", "--bh", "1", "--methods",
@@ -306,6 +339,7 @@ def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, 
     assert (by_n[32]["best"], by_n[32]["measured"]["git_sha"]) == ("block_based", "bbbbbbb")
     assert by_n[32]["times_ms"] == {"vanilla": 6.0, "block_based": 4.0}
     assert doc["measured"]["git_sha"] == "bbbbbbb"
+    assert by_n[32]["measured"]["timing"] == doc["measured"]["timing"] == "graph replay"
     assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 2   # the reader takes the new fields
 
 
@@ -477,6 +511,14 @@ def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
     assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 3
 
 
+def _cpu_graph(fn):
+    """The tuner's ``graph_replay`` on the CPU: the warm call and the captured one run as a capture runs them;
+    the replay runs nothing of Python's, as a CUDA graph's does not."""
+    fn()
+    fn()
+    return lambda: None
+
+
 def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypatch):
     """After the autotuned choice, the tuner times each of the method's alternatives (configs the
     autotuner could not time under their own schedule): pinned, the method's other kernels autotuned
@@ -515,12 +557,14 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
     monkeypatch.setattr(triton.testing, "do_bench", bench)
     if DEVICE == "cpu":   # (a GPU's autotuner times its trials for real, with its own synchronizations)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(tune, "graph_replay", _cpu_graph)
 
     b, c, v, gamma, _ = Case(1, 1, 64, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
     ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 1.5 and config == {walk: fast}
-    # the autotuned call, its timing, then each alternative: tuned (after forgetting), then timed
-    assert ran[0] is None and ran[2:] == [{walk: slow}] * 2 + [{walk: fast}] * 2
+    # the autotuned call, its graph (a warm call and the captured one), then each alternative: tuned (after
+    # forgetting), then its graph
+    assert ran[0] is None and ran[1] == ran[2] and ran[3:] == [{walk: slow}] * 3 + [{walk: fast}] * 3
     assert forgotten == [True, True]
 
     times["BT64"] = 2.5   # no alternative beats the autotuned choice: it stays
@@ -576,6 +620,7 @@ def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen
     monkeypatch.setattr(triton.testing, "do_bench", bench)
     if DEVICE == "cpu":
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(tune, "graph_replay", _cpu_graph)
 
     # several segments (the interpreter cuts 40 rows, a GPU at least 1024), then one
     segmented, single = (64, 32) if DEVICE == "cpu" else (4096, 512)
@@ -584,8 +629,9 @@ def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen
     chosen = ran[1]   # the autotuned call's configs, as timed
     assert set(chosen) >= {method.spaces[0].name, state.name}
     assert ms == 1.5 and config == {**chosen, state.name: wide}
-    # the autotuned call, its timing, then each other state config: compiled, then timed, the walk's pinned
-    assert ran[2:] == [{**chosen, state.name: cfg} for cfg in (wide, wide, narrow, narrow)]
+    # the autotuned call, its graph, then each other state config's graph (a warm call and the captured one),
+    # the walk's pinned
+    assert ran[2] == chosen and ran[3:] == [{**chosen, state.name: cfg} for cfg in (wide, wide, narrow, narrow)]
     assert len(seen_args) == 1 and seen_args[0]["R"] == 8 and seen_args[0]["SEG"] < segmented
 
     times["wide"] = 2.5   # no other config beats the chosen one: it stays
@@ -597,4 +643,4 @@ def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen
     seen_args.clear()
     b, c, v, gamma, _ = Case(1, 1, single, 8, 8, dtype=torch.float32, gamma=0.9).tensors(DEVICE)
     ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=True)
-    assert ms == 2.0 and state.name not in config and len(ran) == 2 and not seen_args
+    assert ms == 2.0 and state.name not in config and len(ran) == 3 and not seen_args

@@ -10,7 +10,8 @@ its best config and the winner::
      "grid": {"dtype": [...], "decay": [...], "rd": [[r, d], ...], "bh": [...], "n": [...]},
      "points": [{"dtype": "float16", "decay": true, "r": 128, "d": 128, "bh": 32, "n": 2048,
                  "best": "block_based", "config": {<kernel space>: {<config>}},
-                 "times_ms": {<method>: ms or null}, "configs": {<method>: {...}}}, ...]}
+                 "times_ms": {<method>: ms or null}, "configs": {<method>: {...}},
+                 "measured": {"git_sha": ..., "date": ..., "timing": "graph replay", ...}}, ...]}
 
 At call time :func:`lookup` takes the nearest point -- exact on dtype and decay,
 nearest in log2 space on batch·heads, n, r and d, a tie going to the point with the

@@ -150,7 +150,7 @@ def _whole_call_ms(p, method: str, config: dict) -> float:
     time, which swung with the host's load between runs (float16 64 × 128 without decay, ``vanilla``, the same
     kernel in all three: 0.011 ms in perf/results/h200/tune.log, 0.022 and 0.058 in the two parts of
     tune_fp16_checked.log), and the fastest method there was the host's choice.  A call that cannot be
-    captured raises (none of the library's calls reads a device value on the host)."""
+    captured raises (no method's call on a rectangular problem reads a device value on the host)."""
     from triton.testing import do_bench
 
     replay = graph_replay(lambda: run_problem(p, method, config))

@@ -11,6 +11,9 @@
 * Every output the package allocates is filled with NaN first, so an element a
   kernel forgets to write fails the comparison.
 * A pinned config that is not one of its family's configs (``PinnedConfigWarning``) fails the test.
+* On a GPU, a test whose failure leaves the process's CUDA context unusable (a sticky CUDA error, such as an
+  illegal address) is named in every later test of that process, which fails at once: a worker's log then
+  says where its GPU was lost, even when only its last lines are kept.
 """
 from __future__ import annotations
 
@@ -74,3 +77,28 @@ def poison_outputs(monkeypatch):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+_CUDA_LOST: list[str] = []
+"""The test (and its error) after whose failure this process's CUDA context stopped working, once it has."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """After a failing test on a GPU, check that the device still answers; if not, remember the test."""
+    outcome = yield
+    if not HAS_GPU or _CUDA_LOST or call.excinfo is None or not torch.cuda.is_initialized():
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:  # a sticky error: every later CUDA call of this process fails too
+        _CUDA_LOST.append(f"{item.nodeid} ({call.when}: {type(call.excinfo.value).__name__}: "
+                          f"{str(call.excinfo.value)[:300]}; then {type(exc).__name__})")
+
+
+@pytest.fixture(autouse=True)
+def cuda_context_alive():
+    """Fail at once, naming where, once an earlier test of this process lost the CUDA context."""
+    if _CUDA_LOST:
+        pytest.fail(f"this process lost its CUDA context in {_CUDA_LOST[0]}", pytrace=False)
+    yield

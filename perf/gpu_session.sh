@@ -4,7 +4,7 @@
 #
 #   OUT=/tmp/out bash perf/gpu_session.sh tests bench_chunked ...
 #
-# Steps: env, warm, tests, tests_quick, bench_decode, bench_chunked, bench_fleet, bench_auto, bench_auto_cold, tune,
+# Steps: env, warm, tests, tests_quick, tests_gpus, bench_decode, bench_chunked, bench_fleet, bench_auto, bench_auto_cold, tune,
 # remeasure, bench_main, host_overhead, profile, profile_auto, short_segments, model_shapes, walk_configs.  Each step's output goes to <step>.log; after every step the
 # logs, perf/results and the heuristic files are packed into $OUT again, so a call cut off by its time
 # limit still brings back what the finished steps produced.  A failing step does not stop the others.
@@ -48,6 +48,16 @@ for spec in "$@"; do
     warm) run warm python3 -m leettriton.autotune.warm --workers 16 "${extra[@]}" ;;
     tests) run tests python3 -m pytest tests -q -n 16 --hypothesis-profile=gpu -p no:cacheprovider -rfE "${extra[@]}" ;;
     tests_quick) run tests_quick python3 -m pytest tests -q -n 16 --hypothesis-profile=ci -p no:cacheprovider "${extra[@]}" ;;
+    tests_gpus)  # the suite's test ids dealt round-robin to every GPU, four workers each; each GPU's whole log kept
+      run tests_gpus bash -c '
+        python3 -m pytest tests -q --collect-only -p no:cacheprovider --hypothesis-profile=gpu | grep "::" > "$0/ids.txt"
+        g=$(nvidia-smi -L | wc -l); echo "$(wc -l < "$0/ids.txt") test ids over $g GPUs"
+        awk -v d="$0" -v g="$g" "{print > (d \"/ids\" (NR % g) \".txt\")}" "$0/ids.txt"
+        for k in $(seq 0 $((g - 1))); do
+          COLUMNS=250 CUDA_VISIBLE_DEVICES=$k python3 -m pytest @"$0/ids$k.txt" -q -n 4 --hypothesis-profile=gpu \
+            -p no:cacheprovider -rfE "$@" > "$0/tests_gpu$k.log" 2>&1 &
+        done
+        wait; tail -n 3 "$0"/tests_gpu*.log' "$LOGS" "${extra[@]}" ;;
     bench_decode) run bench_decode python3 perf/bench_decode.py --out perf/results "${extra[@]}" ;;
     bench_chunked) run bench_chunked python3 perf/bench_chunked.py --out perf/results "${extra[@]}" ;;
     bench_fleet) run bench_fleet python3 perf/bench_fleet_recursion.py --out perf/results "${extra[@]}" ;;

@@ -305,6 +305,28 @@ def test_tuner_times_the_replay_of_the_whole_call_s_graph(monkeypatch):
     assert_close(p.out, reference(b, c, v, g), tolerance(b.dtype), "the replayed call's output")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_every_builtin_method_s_call_captures_in_a_cuda_graph_as_the_tuner_times_it():
+    """The tuner times each method by the replay of its call's CUDA graph (``tune._whole_call_ms``), so every
+    built-in method's call must capture (no host read of a device value) and its replay must write the method's
+    result: float16 at r = d = 128 (the checked walk and its redo's launch), long enough for block_based's
+    segments, with per-head decay."""
+    from leettriton.methods import BUILTIN_METHODS
+    from leettriton.plan import run_problem
+    from leettriton.reference import reference, tolerance
+
+    b, c, v, g, _ = Case(1, 2, 2304, 128, 128, dtype=torch.float16, gamma="tensor", gammas=(0.99, 0.9),
+                         seed=3).tensors(DEVICE)
+    want = reference(b, c, v, g)
+    for method in BUILTIN_METHODS:
+        p, out = make_problem(b, c, v, g)
+        replay = tune.graph_replay(lambda: run_problem(p, method, None))
+        out.fill_(float("nan"))
+        replay()
+        torch.cuda.synchronize()
+        assert_close(out, want, tolerance(torch.float16), f"{method}: its call's graph, replayed")
+
+
 def _tiny_grid(out: str, decay: str, methods: str) -> list:
     """tune's arguments for a float32 series at r = d = 4, batch·heads 1 (add --n)."""
     return ["--gpu", "h100", "--dtypes", "float32", "--decay", decay, "--rd", "4x4", "--bh", "1", "--methods",

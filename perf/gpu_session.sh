@@ -48,13 +48,17 @@ for spec in "$@"; do
     warm) run warm python3 -m leettriton.autotune.warm --workers 16 "${extra[@]}" ;;
     tests) run tests python3 -m pytest tests -q -n 16 --hypothesis-profile=gpu -p no:cacheprovider -rfE "${extra[@]}" ;;
     tests_quick) run tests_quick python3 -m pytest tests -q -n 16 --hypothesis-profile=ci -p no:cacheprovider "${extra[@]}" ;;
-    tests_gpus)  # the suite's test ids dealt round-robin to every GPU, four workers each; each GPU's whole log kept
+    tests_gpus)  # the suite's test ids dealt round-robin to every GPU, $WORKERS (4) workers each; each GPU's whole log kept.
+      # SHARD=k/m keeps every m-th id from the k-th (0-based), so a one-GPU machine runs the suite in m calls.
       run tests_gpus bash -c '
-        python3 -m pytest tests -q --collect-only -p no:cacheprovider --hypothesis-profile=gpu | grep "::" > "$0/ids.txt"
-        g=$(nvidia-smi -L | wc -l); echo "$(wc -l < "$0/ids.txt") test ids over $g GPUs"
+        python3 -m pytest tests -q --collect-only -p no:cacheprovider --hypothesis-profile=gpu | grep "::" > "$0/all_ids.txt"
+        IFS=/ read -r k m <<< "${SHARD:-0/1}"
+        awk -v k="$k" -v m="$m" "(NR - 1) % m == k" "$0/all_ids.txt" > "$0/ids.txt"
+        g=$(nvidia-smi -L | wc -l)
+        echo "$(wc -l < "$0/ids.txt") of $(wc -l < "$0/all_ids.txt") test ids (shard $k/$m) over $g GPUs, ${WORKERS:-4} workers each"
         awk -v d="$0" -v g="$g" "{print > (d \"/ids\" (NR % g) \".txt\")}" "$0/ids.txt"
         for k in $(seq 0 $((g - 1))); do
-          COLUMNS=250 CUDA_VISIBLE_DEVICES=$k python3 -m pytest @"$0/ids$k.txt" -q -n 4 --hypothesis-profile=gpu \
+          COLUMNS=250 CUDA_VISIBLE_DEVICES=$k python3 -m pytest @"$0/ids$k.txt" -q -n "${WORKERS:-4}" --hypothesis-profile=gpu \
             -p no:cacheprovider -rfE "$@" > "$0/tests_gpu$k.log" 2>&1 &
         done
         wait; tail -n 3 "$0"/tests_gpu*.log' "$LOGS" "${extra[@]}" ;;

@@ -52,10 +52,10 @@ for spec in "$@"; do
       # SHARD=k/m keeps every m-th id from the k-th (0-based), so a one-GPU machine runs the suite in m calls.
       run tests_gpus bash -c '
         python3 -m pytest tests -q --collect-only -p no:cacheprovider --hypothesis-profile=gpu | grep "::" > "$0/all_ids.txt"
-        IFS=/ read -r k m <<< "${SHARD:-0/1}"
-        awk -v k="$k" -v m="$m" "(NR - 1) % m == k" "$0/all_ids.txt" > "$0/ids.txt"
+        IFS=/ read -r part parts <<< "${SHARD:-0/1}"
+        awk -v k="$part" -v m="$parts" "(NR - 1) % m == k" "$0/all_ids.txt" > "$0/ids.txt"
         g=$(nvidia-smi -L | wc -l)
-        echo "$(wc -l < "$0/ids.txt") of $(wc -l < "$0/all_ids.txt") test ids (shard $k/$m) over $g GPUs, ${WORKERS:-4} workers each"
+        echo "$(wc -l < "$0/ids.txt") of $(wc -l < "$0/all_ids.txt") test ids (shard $part/$parts) over $g GPUs, ${WORKERS:-4} workers each"
         awk -v d="$0" -v g="$g" "{print > (d \"/ids\" (NR % g) \".txt\")}" "$0/ids.txt"
         for k in $(seq 0 $((g - 1))); do
           COLUMNS=250 CUDA_VISIBLE_DEVICES=$k python3 -m pytest @"$0/ids$k.txt" -q -n "${WORKERS:-4}" --hypothesis-profile=gpu \

@@ -335,6 +335,36 @@ def test_float16_state_below_float16_normals(method, scales, r):
         assert_close(out[..., 3], col, tolerance(torch.float16), f"{method} float16, the tiny value column")
 
 
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_float16_redo_is_a_dependent_launch_on_sm90(method):
+    """float16's checked walk (r ≥ 128) is followed by its redo, the same grid with REDO (docs/design.md §2.3).
+    Compiled for sm_90 or later, the redo is a programmatic dependent launch: the walk lets it in (``PDL``, its
+    programs trigger their dependents) and the redo, launched with Triton's ``launch_pdl``, waits for the
+    walk before it reads a flag.  The interpreter and older devices have no ``griddepcontrol``: both launches
+    plain.  Either way the call, with a state whose float16 copy overflows (so programs are flagged and the
+    redo walks them again), matches the definition."""
+    from leettriton.autotune import recording
+    from leettriton.methods.lightning_attention.kernels import redo_args
+    g = torch.Generator().manual_seed(11)
+    B, H, n, r, d = 1, 2, 150, 128, 40
+    b = (torch.rand(B, H, n, r, generator=g) * 1e-4).to(torch.float16)
+    c, v = ((torch.rand(B, H, n, x, generator=g) * 30).to(torch.float16) for x in (r, d))
+    s0 = torch.rand(B, H, r, d, generator=g) * 1e6
+    b, c, v, s0 = (x.to(DEVICE) for x in (b, c, v, s0))
+    with recording() as log:
+        out = leettriton.linear_attention(b, c, v, 0.999, method=method, initial_state=s0)
+    walks = [args for kernel, args in log if kernel.space.name == f"{method}.fwd"]
+    pdl = HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
+    assert [a["REDO"] for a in walks] == [False, True]
+    assert [a["PDL"] for a in walks] == [pdl, pdl]
+    assert ["launch_pdl" in a for a in walks] == [False, pdl]
+    assert all(a.get("launch_pdl", True) for a in walks)
+    assert redo_args({"PDL": True, "REDO": False}) == {"PDL": True, "REDO": True, "launch_pdl": True}
+    assert redo_args({"PDL": False, "REDO": False}) == {"PDL": False, "REDO": True}
+    ref = leettriton.reference(b, c, v, 0.999, initial_state=s0)
+    assert_close(out, ref, tolerance(torch.float16), f"{method} float16 with its redo")
+
+
 _DESCRIPTORS = (leettriton.methods.lightning_attention.kernels.DESCRIPTORS
                 and (not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9))
 """Whether the walk may read through tensor descriptors here: a Triton that builds them, and the interpreter or

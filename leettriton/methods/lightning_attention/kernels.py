@@ -400,7 +400,7 @@ def _chunk_walk_fwd_kernel(
     ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides, flag_ptr,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
     TWO_PART: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, REDO: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PDL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
     # lives in NK [BV, BK] float32 register tiles s0..s3
@@ -414,8 +414,14 @@ def _chunk_walk_fwd_kernel(
     # float16 (docs/design.md §2.3): the walk rounds the state as it is, as bfloat16's does, checks each row's
     # float16 copy on the side and writes one flag per program; the same grid launched again with REDO walks
     # the flagged programs' rows once more with every row scaled (their outputs written over) and leaves the
-    # others at once.  The final state is stored by the walk that holds
+    # others at once.  The final state is stored by the walk that holds.  PDL (sm_90): the redo is a
+    # programmatic dependent launch, let in as soon as every program of the first walk has started; it waits
+    # for that walk to finish, its writes visible, before it reads or writes anything
+    if PDL and not REDO:
+        tl.extra.cuda.gdc_launch_dependents()
     if REDO:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         if tl.load(flag_ptr + pid) == 0:
             return
     MODE: tl.constexpr = 2 if REDO else ((1 if RP >= CHECKED_MIN_R else 2) if SCALED else 0)
@@ -532,15 +538,37 @@ def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict
     tensors by dtype, the config, and the batch size the grid reads besides the arguments.
 
     ``redo`` (float16's checked walk: ``args["flag_ptr"]`` from :func:`walk_flags`): the same grid again with
-    ``REDO`` and the config the first launch ran (docs/design.md §2.3); the Launch returned repeats both."""
+    ``REDO`` and the config the first launch ran (docs/design.md §2.3), a programmatic dependent launch where
+    ``args["PDL"]`` (:func:`redo_by_pdl`); the Launch returned repeats both."""
     first = kernel.launches.launch_args(grid, config, args, batch)
     if not redo:
         return first
     ran = config if config is not None else chosen_config(kernel)
-    again = kernel.launches.launch_args(grid, ran, {**args, "REDO": True}, batch)
+    again = kernel.launches.launch_args(grid, ran, redo_args(args), batch)
     if first is None or again is None:
         return None
     return lambda tensors: first(tensors) and again(tensors)
+
+
+def redo_by_pdl(p, flags: Optional[torch.Tensor]) -> bool:
+    """Whether float16's redo launch (``flags`` from :func:`walk_flags`; None: no redo) is a programmatic
+    dependent launch: compiled for a CUDA device of compute capability 9 or more (sm_90's
+    ``griddepcontrol``; the interpreter has none).
+
+    The checked walk then lets the redo's grid in once each of its programs has started, and each redo
+    program waits for the whole walk, its writes visible, before it reads its flag: the redo's launch and the
+    scheduling of its programs overlap the walk's last programs instead of following them.  At RetNet-1.3B's
+    layer, 1 × 8192, on an H200 that is 3.1 of the redo's 3.7 µs (docs/design.md §2.3)."""
+    if flags is None or is_interpreting():
+        return False
+    capability = current_family(p.v.device).capability
+    return capability is not None and capability[0] >= 9
+
+
+def redo_args(args: dict) -> dict:
+    """The redo launch's arguments from the checked walk's: ``REDO``, and ``launch_pdl`` (Triton's launch
+    option for a programmatic dependent launch) where the walk's ``PDL``."""
+    return {**args, "REDO": True, **({"launch_pdl": True} if args["PDL"] else {})}
 
 
 MIN_BV = 16
@@ -616,7 +644,8 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
                 TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
-                flag_ptr=p.out if flags is None else flags, REDO=False, **partial_args(p, args, partial))
+                flag_ptr=p.out if flags is None else flags, REDO=False, PDL=redo_by_pdl(p, flags),
+                **partial_args(p, args, partial))
     again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None)
     if memo is not None and again is not None and not p.reverse:
         memo[mark] = again
@@ -720,11 +749,11 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
                 SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
                 TWO_PART=False, TMA=False, CUT=False, flag_ptr=p.out if flags is None else flags, REDO=False,
-                **partial_args(p, args, partial))
+                PDL=redo_by_pdl(p, flags), **partial_args(p, args, partial))
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call.  float16: the redo with the config the checked walk ran
     config = (config or {}).get(spaces.VARLEN.name)
     launch(_varlen_walk_kernel, grid, config, **args)
     if flags is not None:
         launch(_varlen_walk_kernel, grid, config if config is not None else chosen_config(_varlen_walk_kernel),
-               **{**args, "REDO": True})
+               **redo_args(args))

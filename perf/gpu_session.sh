@@ -8,6 +8,8 @@
 # remeasure, bench_main, host_overhead, profile, profile_auto, short_segments, model_shapes, walk_configs.  Each step's output goes to <step>.log; after every step the
 # logs, perf/results and the heuristic files are packed into $OUT again, so a call cut off by its time
 # limit still brings back what the finished steps produced.  A failing step does not stop the others.
+# At the end Triton's cache is packed into $OUT as 15 MB parts, for .gpucache/ next time; SAVE_CACHE=0 leaves
+# it out (a fresh machine's cache can take more parts than the files a call brings back).
 set -u
 OUT=${OUT:-/tmp/leettriton-out}
 LOGS=/tmp/leettriton-logs
@@ -87,5 +89,7 @@ done
 
 # results and the heuristic file come back through $OUT (at most 8 files)
 save
-tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15m - "$OUT/triton-cache.tgz."
+if [ "${SAVE_CACHE:-1}" != 0 ]; then
+  tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15m - "$OUT/triton-cache.tgz."
+fi
 ls -la "$OUT"

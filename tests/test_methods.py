@@ -337,7 +337,7 @@ def test_float16_state_below_float16_normals(method, scales, r):
 
 @pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
 def test_float16_redo_is_a_dependent_launch_on_sm90(method):
-    """float16's checked walk (r ≥ 128) is followed by its redo, the same grid with REDO (docs/design.md §2.3).
+    """float16's checked walk (r > 64) is followed by its redo, the same grid with REDO (docs/design.md §2.3).
     Compiled for sm_90 or later, the redo is a programmatic dependent launch: the walk lets it in (``PDL``, its
     programs trigger their dependents) and the redo, launched with Triton's ``launch_pdl``, waits for the
     walk before it reads a flag.  The interpreter and older devices have no ``griddepcontrol``: both launches

@@ -154,6 +154,30 @@ def test_linear_attention_repeats_only_what_the_signature_fixes(method, n):
         leettriton.linear_attention(b, c[:, :, :-1], v, 0.5, method=method)
 
 
+def test_a_repeated_segmented_call_makes_every_launch_from_its_memo(monkeypatch):
+    """A repeated ``block_based`` call over segments (the segment-state pass, the scan and the walk) launches
+    nothing through ``CompiledLaunches.launch``: each kernel's Launch comes from the signature's memo
+    (kernels/segments.py for the two segment kernels).  New data each call, against the oracle."""
+    from leettriton.kernels import segments
+    from leettriton.plan import clear_plans
+
+    clear_plans()   # forget the signatures earlier tests made: the first call of each is a first call here
+    made = []
+    real = configs.CompiledLaunches.launch
+    monkeypatch.setattr(configs.CompiledLaunches, "launch",
+                        lambda self, *a, **k: (made.append(self.kernel.space.name), real(self, *a, **k))[1])
+    gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
+    n = 150   # the interpreter's 40-row segments: four, more than its prefix sums take, so the scan runs too
+    for seed, return_state in ((1, False), (4, False), (7, False), (10, True), (13, True)):
+        made.clear()
+        b, c, v = rand(B, H, n, R, seed=seed), rand(B, H, n, R, seed=seed + 1), rand(B, H, n, D, seed=seed + 2)
+        checked_attention(b, c, v, gamma, f"seed {seed}", method="block_based", return_state=return_state)
+        if seed in (1, 10):  # the first call of each signature makes all three
+            assert sorted(made) == sorted([segments.spaces.STATE.name, segments.spaces.SCAN.name, "block_based.fwd"])
+        else:
+            assert made == [], f"a repeated call launched {made} through CompiledLaunches.launch"
+
+
 def test_every_kernel_argument_is_keyed_or_handed_over():
     """A CompiledLaunches key holds every argument that is not a tensor by value, and each tensor by dtype:
     no argument of the kernel is left out (a left-out one would be launched stale)."""

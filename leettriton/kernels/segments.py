@@ -138,6 +138,41 @@ _STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _POINTERS)
 _SCAN_LAUNCHES = CompiledLaunches(_segment_scan_kernel, _POINTERS)
 
 
+def _derived(p: Problem) -> tuple:
+    """What may differ between the problems that share one signature's memo, for the segment kernels' marks: a
+    method derives sub-problems of other shapes from the caller's (pieces of r, with a float32 output buffer
+    between them, kernels/pieces.py; blocks of batch elements and heads, methods/recursion), each with or without
+    its initial and final state.  Their other strides are the caller's."""
+    return p.shape, p.out.dtype, p.out.stride(), p.initial_state is None, p.state is None
+
+
+def _repeat(p: Problem, mark: tuple, ws: torch.Tensor) -> bool:
+    """Launch again, on this call's tensors, the Launch that an earlier call of ``p``'s signature kept in its memo
+    under ``mark`` (docs/design.md §4.5): True when it did; False when there is none, or it does not hold for this
+    call (the caller then launches through the compiled launches, and keeps what that gives with :func:`_keep`).
+
+    The memo's signature fixes every argument but the tensors (shapes, strides, dtypes, flags, the plan and its
+    configs) of the caller's problem; ``mark`` adds what this caller derives besides (segments, counts) and what
+    a sub-problem of the signature's may change (:func:`_derived`).  A reversed problem's rows are
+    addressed through other pointers than its tensors' (``problem_args``): it never repeats."""
+    memo = p.memo
+    if memo is None or p.reverse:
+        return False
+    again = memo.get(mark)
+    if again is None:
+        return False
+    out = p.out
+    return again((p.b, p.c, p.v, out, out if p.gamma is None else p.gamma,
+                  out if p.initial_state is None else p.initial_state, out if p.state is None else p.state, ws))
+
+
+def _keep(p: Problem, mark: tuple, launch) -> None:
+    """Keep ``launch`` (what ``CompiledLaunches.launch_args`` returned: a Launch, or None) in ``p``'s memo under
+    ``mark`` for the next call of its signature (:func:`_repeat`)."""
+    if p.memo is not None and launch is not None and not p.reverse:
+        p.memo[mark] = launch
+
+
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
     B, H, n, r, d = p.shape
@@ -161,10 +196,12 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     nl = count if count is not None else ns if last else ns - 1
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
     if nl > 0:
-        grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-        _STATE_LAUNCHES.launch_args(grid, (config or {}).get(spaces.STATE.name),
-                                    dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False,
-                                         TWO_PART=two_part(p)), B)
+        mark = (_STATE_LAUNCHES, seg_len, nl, two_part(p)) + _derived(p)
+        if not _repeat(p, mark, ws):
+            grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
+            _keep(p, mark, _STATE_LAUNCHES.launch_args(
+                grid, (config or {}).get(spaces.STATE.name),
+                dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False, TWO_PART=two_part(p)), B))
     return ws
 
 
@@ -192,6 +229,9 @@ def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Opti
     count = ws.shape[2] if count is None else count
     if p.state is not None and count != ws.shape[2]:
         raise ValueError("the final state needs the scan of every segment")
-    scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-    _SCAN_LAUNCHES.launch_args(scan_grid, (config or {}).get(spaces.SCAN.name),
-                               dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=count, NW=ws.shape[2]), B)
+    mark = (_SCAN_LAUNCHES, seg_len, count, ws.shape[2]) + _derived(p)
+    if not _repeat(p, mark, ws):
+        scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
+        _keep(p, mark, _SCAN_LAUNCHES.launch_args(
+            scan_grid, (config or {}).get(spaces.SCAN.name),
+            dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=count, NW=ws.shape[2]), B))

@@ -16,7 +16,7 @@ from leettriton import api
 from leettriton.autotune import configs
 from leettriton.kernels import decode
 from leettriton.methods.lightning_attention import kernels as walk
-from conftest import DEVICE
+from conftest import DEVICE, HAS_GPU
 from helpers import assert_close, tolerance
 
 B, H, R, D = 2, 3, 8, 12
@@ -167,7 +167,9 @@ def test_a_repeated_segmented_call_makes_every_launch_from_its_memo(monkeypatch)
     monkeypatch.setattr(configs.CompiledLaunches, "launch",
                         lambda self, *a, **k: (made.append(self.kernel.space.name), real(self, *a, **k))[1])
     gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
-    n = 150   # the interpreter's 40-row segments: four, more than its prefix sums take, so the scan runs too
+    # more segments than the walk sums itself, so the scan runs too: the interpreter's 40-row segments (four), a
+    # GPU's of 1024 rows at least (twelve)
+    n = 12288 if HAS_GPU else 150
     for seed, return_state in ((1, False), (4, False), (7, False), (10, True), (13, True)):
         made.clear()
         b, c, v = rand(B, H, n, R, seed=seed), rand(B, H, n, R, seed=seed + 1), rand(B, H, n, D, seed=seed + 2)

@@ -1,15 +1,18 @@
 """Time the chunk walk with pinned configs, inside or outside its family's config space.
 
     python perf/walk_configs.py --configs '[{"BT": 32, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 4}]' \
-        --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192 [--heads 8 --r 256 --d 512] [--state-splits rule,1,4]
+        --programs-per-sm 1,2 --shapes 1x100000,1x32768,16x8192 [--heads 8 --r 256 --d 512] [--state-splits rule,1,4] \
+        [--min-segments rule,512] [--replay]
 
 For each config and each value of the segment rule's programs per SM (a cap: a config that leaves
 room for fewer gets fewer, methods/block_based/space.py), ``block_based`` runs at
 every shape (heads 32, r = d = 128 unless given, with decay unless ``--no-decay``, float16 by default) with its walk pinned to the
 config (the segment-state kernel autotuned, or pinned to the entry's ``"state"`` config, and then
 also timed alone), the state pass in the pieces per segment of each ``--state-splits`` value (``rule``:
-``state_split``'s); the output is compared with the float64 oracle (on
-a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench``.
+``state_split``'s), the segments at least each ``--min-segments`` value long (``rule``: ``MIN_SEGMENT``, patched
+for every width); the output is compared with the float64 oracle (on
+a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench`` (from Python, or with ``--replay`` by the replay of its CUDA
+graph: the kernels alone).
 Configs the family's pruning would reject are run as given (that is the point: to measure
 them).  Each config runs in its own process, so a faulting one cannot end the others.  The
 first line of the output names the GPU and versions; then one line per (config, rule, shape).
@@ -36,7 +39,8 @@ cfg, pps_list, shapes, dtype = json.loads(sys.argv[1]), json.loads(sys.argv[2]),
 use_decay, precision = sys.argv[5] == "decay", sys.argv[6]
 heads, r, d = json.loads(sys.argv[7])
 splits = json.loads(sys.argv[8])
-rule = bb.state_split
+min_segments, replay = json.loads(sys.argv[9]), sys.argv[10] == "replay"
+rule, min_rule = bb.state_split, bb.MIN_SEGMENT
 configs._fits = lambda space, config, args: True   # run the config as given
 dt = getattr(torch, dtype)
 pps_list = cfg.pop("pps", pps_list)
@@ -48,8 +52,9 @@ for batch, n in shapes:
     gamma = 1 - torch.exp2(-5 - 3 * torch.arange(heads, device="cuda") / (heads - 1)) if use_decay else None
     check = bench.oracle(b, c, v, gamma)
     p, out = make_problem(b, c, v, gamma, precision=precision if dt == torch.float32 else None)
-    for pps, forced in [(x, y) for x in pps_list for y in splits]:
+    for pps, forced, mins in [(x, y, z) for x in pps_list for y in splits for z in min_segments]:
         bb.PROGRAMS_PER_SM = pps
+        bb.MIN_SEGMENT = min_rule if mins == "rule" else mins
         bb.state_split = rule if forced == "rule" else (lambda *args, k=forced: k)
         seg, split = bb.segmenting(batch * heads, n, r, d, dt.itemsize, leettriton.autotune.current_family(), cfg)
         pinned = {"block_based.fwd": cfg, **({"segments.state": state_cfg} if state_cfg else {})}
@@ -58,15 +63,16 @@ for batch, n in shapes:
         try:
             call(); torch.cuda.synchronize()
             err = check.error(out)
-            ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+            timed = (lambda f: bench.graph_replay(f)) if replay else (lambda f: f)
+            ms = triton.testing.do_bench(timed(call), warmup=25, rep=100, return_mode="median")
             res = dict(ms=ms, err=err)
             if seg < n:   # the segment-state pass alone (every segment but the last, in its pieces)
                 count = (-(-n // seg) - 1) * split
                 states = lambda: segment_local_states(p, seg // split, pinned, count=count)
-                res["state_ms"] = triton.testing.do_bench(states, warmup=25, rep=100, return_mode="median")
+                res["state_ms"] = triton.testing.do_bench(timed(states), warmup=25, rep=100, return_mode="median")
         except Exception as e:
             res = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-        print("RESULT " + json.dumps(dict(pps=pps, batch=batch, n=n, seg=seg, split=split, **res)), flush=True)
+        print("RESULT " + json.dumps(dict(pps=pps, batch=batch, n=n, seg=seg, split=split, mins=mins, **res)), flush=True)
     del b, c, v, p, out, check
 """
 
@@ -86,6 +92,10 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--state-splits", default="rule", help="comma-separated pieces per segment of the state pass "
                     "(rule: the rule's)")
+    ap.add_argument("--min-segments", default="rule", help="comma-separated fewest rows per segment of the "
+                    "segment rule for every width (rule: the library's MIN_SEGMENT)")
+    ap.add_argument("--replay", action="store_true", help="time each call by the replay of its CUDA graph "
+                    "(the kernels alone; default: calls from Python)")
     opts = ap.parse_args(argv)
 
     import torch
@@ -99,7 +109,9 @@ def main(argv=None) -> int:
     for cfg in json.loads(opts.configs):
         cmd = [sys.executable, "-c", CHILD, json.dumps(cfg), json.dumps(pps), json.dumps(shapes), opts.dtype,
                "none" if opts.no_decay else "decay", opts.precision, json.dumps([opts.heads, opts.r, opts.d]),
-               json.dumps([x if x == "rule" else int(x) for x in opts.state_splits.split(",")])]
+               json.dumps([x if x == "rule" else int(x) for x in opts.state_splits.split(",")]),
+               json.dumps([x if x == "rule" else int(x) for x in opts.min_segments.split(",")]),
+               "replay" if opts.replay else "python"]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=dict(os.environ))
             lines = [json.loads(x[7:]) for x in res.stdout.splitlines() if x.startswith("RESULT ")]
@@ -110,6 +122,7 @@ def main(argv=None) -> int:
             lines = [dict(error="timeout")]
         for x in lines:
             where = (f"pps {x['pps']} {x['batch']:>2} x {x['n']:<6} seg {x['seg']:<6} split {x['split']:<2}"
+                     + (f" min {x['mins']:<5}" if len(opts.min_segments.split(",")) > 1 else "")
                      if "pps" in x else "")
             what = f"{x['ms']:8.3f} ms  err {x['err']:.1e}" if "ms" in x else x["error"]
             if "state_ms" in x:

@@ -47,9 +47,9 @@ def main(argv=None) -> None:
             ref = leettriton.reference(b, c, v, gamma)
             for label, method, mins in ([("auto", "auto", m) for m in opts.min_segments.split(",")]
                                         + [("lightning_attention", "lightning_attention", "rule")]):
-                saved = space.MIN_SEGMENT, space.SMALL_STATE_MIN_SEGMENT
+                saved = space.MIN_SEGMENT, space.SHORT_MIN_SEGMENT
                 if mins != "rule":
-                    space.MIN_SEGMENT = space.SMALL_STATE_MIN_SEGMENT = int(mins)
+                    space.MIN_SEGMENT = space.SHORT_MIN_SEGMENT = int(mins)
                 try:
                     plans.clear_plans()
                     fn = lambda: leettriton.linear_attention(b, c, v, gamma, method=method)  # noqa: E731
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
                     chosen = plans.resolve(p, method)
                     ms = replay_ms(fn)
                 finally:
-                    space.MIN_SEGMENT, space.SMALL_STATE_MIN_SEGMENT = saved
+                    space.MIN_SEGMENT, space.SHORT_MIN_SEGMENT = saved
                     plans.clear_plans()
                 print(f"{str(dt)[6:]:8s} {shape:18s} {label:19s} min_segment {mins:>5s}  {ms * 1000:7.1f} us  err {err:.1e}  "
                       f"{chosen.method} {chosen.schedule}", flush=True)

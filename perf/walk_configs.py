@@ -9,8 +9,8 @@ room for fewer gets fewer, methods/block_based/space.py), ``block_based`` runs a
 every shape (heads 32, r = d = 128 unless given, with decay unless ``--no-decay``, float16 by default) with its walk pinned to the
 config (the segment-state kernel autotuned, or pinned to the entry's ``"state"`` config, and then
 also timed alone), the state pass in the pieces per segment of each ``--state-splits`` value (``rule``:
-``state_split``'s), the segments at least each ``--min-segments`` value long (``rule``: ``MIN_SEGMENT``, patched
-for every width); the output is compared with the float64 oracle (on
+``state_split``'s), the segments at least each ``--min-segments`` value long (``rule``: ``min_segment``'s;
+a number: that for every width); the output is compared with the float64 oracle (on
 a subset of heads for long sequences) and the call is timed with ``triton.testing.do_bench`` (from Python, or with ``--replay`` by the replay of its CUDA
 graph: the kernels alone).
 Configs the family's pruning would reject are run as given (that is the point: to measure
@@ -40,7 +40,7 @@ use_decay, precision = sys.argv[5] == "decay", sys.argv[6]
 heads, r, d = json.loads(sys.argv[7])
 splits = json.loads(sys.argv[8])
 min_segments, replay = json.loads(sys.argv[9]), sys.argv[10] == "replay"
-rule, min_rule = bb.state_split, bb.MIN_SEGMENT
+rule, min_rule = bb.state_split, (bb.MIN_SEGMENT, getattr(bb, "SHORT_MIN_SEGMENT", None))
 configs._fits = lambda space, config, args: True   # run the config as given
 dt = getattr(torch, dtype)
 pps_list = cfg.pop("pps", pps_list)
@@ -54,7 +54,7 @@ for batch, n in shapes:
     p, out = make_problem(b, c, v, gamma, precision=precision if dt == torch.float32 else None)
     for pps, forced, mins in [(x, y, z) for x in pps_list for y in splits for z in min_segments]:
         bb.PROGRAMS_PER_SM = pps
-        bb.MIN_SEGMENT = min_rule if mins == "rule" else mins
+        bb.MIN_SEGMENT, bb.SHORT_MIN_SEGMENT = min_rule if mins == "rule" else (mins, mins)
         bb.state_split = rule if forced == "rule" else (lambda *args, k=forced: k)
         seg, split = bb.segmenting(batch * heads, n, r, d, dt.itemsize, leettriton.autotune.current_family(), cfg)
         pinned = {"block_based.fwd": cfg, **({"segments.state": state_cfg} if state_cfg else {})}

@@ -184,8 +184,9 @@ def test_block_based_segments_follow_the_walk_config_s_occupancy():
 
 
 def test_block_based_small_states_take_shorter_segments_while_the_walk_sums_its_start_states():
-    """At r = d = 64 segments go down to 512 rows as long as the walk sums its own start states (at most
-    PREFIX_SEGMENTS segments); at wider states, or where that needs more segments, 1024 rows at least."""
+    """At r = d = 64, and at r·d of 256 × 256 or more, segments go down to 512 rows as long as the walk sums its own
+    start states (at most PREFIX_SEGMENTS segments); at the states between, or where that needs more segments, 1024
+    rows at least."""
     from leettriton.methods.block_based import space as bb
 
     h100 = FAMILIES["h100"]
@@ -195,6 +196,12 @@ def test_block_based_small_states_take_shorter_segments_while_the_walk_sums_its_
     assert [bb.segmenting(16, n, 64, 64, 2, h100, cfg)[0] for n in (2048, 4096, 8192)] == [512, 512, 1024]
     assert [bb.min_segment(n, 64, 64) for n in (2048, 4096, 5000, 8192, 32768)] == [512, 512, 625, 1024, 1024]
     assert bb.min_segment(2048, 128, 128) == bb.min_segment(2048, 64, 128) == bb.MIN_SEGMENT == 1024
+    assert bb.min_segment(2048, 128, 256) == 1024 and bb.min_segment(2048, 256, 128) == 1024
+    assert [bb.min_segment(n, 256, 512) for n in (1024, 2048, 5000, 8192)] == [512, 512, 625, 1024]
+    assert bb.min_segment(2048, 256, 256) == bb.min_segment(2048, 1024, 1024) == 512
+    # RetNet-1.3B's layer at 1 × 8 heads: 32 walks of the 8-warp config, one a multiprocessor, so four segments
+    wide = dict(BT=32, BK=256, BV=128, num_warps=8, num_stages=3)
+    assert [bb.segmenting(8, n, 256, 512, 2, h100, wide)[0] for n in (1024, 2048, 8192)] == [512, 512, 2048]
     assert bb.segmenting(32, 2048, 128, 128, 2, h100, cfg)[0] == 1024
     for n in (2048, 4096, 5000, 6000):
         seg_len = bb.segmenting(16, n, 64, 64, 2, h100, cfg)[0]

@@ -55,10 +55,19 @@ float32 start state, written and read back, r·d·4 B = 64 KB at r = d = 128)
 is a sizeable share of its own inputs (L·(2r + d)·2 B = 768 KB at L = 1024)."""
 
 SMALL_STATE = 64 * 64
-"""States of at most this many entries (r·d) may take segments down to ``SMALL_STATE_MIN_SEGMENT`` rows."""
+"""States of at most this many entries (r·d) may take segments down to ``SHORT_MIN_SEGMENT`` rows."""
 
-SMALL_STATE_MIN_SEGMENT = 512
-"""Fewest rows per segment for a small state, while the walk still sums its own start states (at most
+LARGE_STATE = 256 * 256
+"""States of at least this many entries (r·d) may take segments down to ``SHORT_MIN_SEGMENT`` rows too.  Their walk's
+time per row is that of its products (r·d multiply-adds a row), not of its reads, and a segment's start state
+(r·d floats) grows with it: its share of a segment's time stays that of a narrow walk's start state at 512 rows.  On an
+H200 at RetNet-1.3B's layer (heads 8, r = 256, d = 512), each call's kernels alone, float16, batch 1: n = 1024 in two
+segments of 512 rows 0.046 ms against one of 1024 0.059; n = 2048 in four of 512 (8-warp walk) 0.072 against two of
+1024 0.078; n = 3072 in four of 768 0.093 against three of 1024 0.099; bfloat16 alike
+(perf/results/h200/segments_r256.log)."""
+
+SHORT_MIN_SEGMENT = 512
+"""Fewest rows per segment for a small or a large state, while the walk still sums its own start states (at most
 ``PREFIX_SEGMENTS`` segments: a scan launch costs more than the shorter segments save).  At r = d = 64 the
 state is 16 KB, the same share of 512 rows' inputs as at r = d = 128 of 1024.  On an H200, float16, 1 × 16
 heads × 2048 took 23.3 µs in segments of 512 rows against 34.8 in segments of 1024, 1 × 16 × 4096 26.9
@@ -68,10 +77,10 @@ against 35.6; 1 × 16 × 8192 in 16 segments of 512 (with the scan) 53.3 against
 
 def min_segment(n: int, r: int, d: int) -> int:
     """The fewest rows per segment of a sequence of ``n`` rows at widths ``r`` and ``d``: ``MIN_SEGMENT``, or for
-    a small state as few as ``SMALL_STATE_MIN_SEGMENT`` as long as ``PREFIX_SEGMENTS`` segments cover ``n``."""
-    if r * d > SMALL_STATE:
+    a small or a large state as few as ``SHORT_MIN_SEGMENT`` as long as ``PREFIX_SEGMENTS`` segments cover ``n``."""
+    if SMALL_STATE < r * d < LARGE_STATE:
         return MIN_SEGMENT
-    return max(SMALL_STATE_MIN_SEGMENT, min(MIN_SEGMENT, cdiv(n, PREFIX_SEGMENTS)))
+    return max(SHORT_MIN_SEGMENT, min(MIN_SEGMENT, cdiv(n, PREFIX_SEGMENTS)))
 
 
 SEGMENT_ALIGN = CHUNK_ROWS_MAX

@@ -110,6 +110,11 @@ WIDE = [
     Case(1, 2, 7, 768, 9, layout="bnhd", gamma=0.95, initial=True, return_state=True),
     Case(1, 2, 16 if not HAS_GPU else 300, 256, 512, dtype=torch.float16, gamma="tensor", gammas=(0.97, 0.999),
          initial=True, return_state=True),                                   # RetNet-1.3B's head
+    # on a GPU, RetNet-1.3B's layer at 1 × 8 heads × 2048: block_based's 8-warp walk in four segments of 512 rows (a
+    # large state's shortest, methods/block_based/space.py), each walk summing up to three start states itself (the
+    # interpreter's segments are 40 rows whatever the widths: the case above covers them there)
+    *([Case(1, 8, 2048, 256, 512, dtype=torch.float16, gamma="tensor",
+            gammas=(0.97, 0.99, 0.995, 0.999, 0.9, 0.999, 0.98, 1.0), return_state=True)] if HAS_GPU else []),
 ]
 
 

@@ -184,9 +184,9 @@ def test_block_based_segments_follow_the_walk_config_s_occupancy():
 
 
 def test_block_based_small_states_take_shorter_segments_while_the_walk_sums_its_start_states():
-    """At r = d = 64, and at r·d of 256 × 256 or more, segments go down to 512 rows as long as the walk sums its own
-    start states (at most PREFIX_SEGMENTS segments); at the states between, or where that needs more segments, 1024
-    rows at least."""
+    """At r = d = 64 segments go down to 512 rows as long as the walk sums its own start states (at most
+    PREFIX_SEGMENTS segments); at r·d of 256 × 256 or more too, but only as far as one walk program a multiprocessor;
+    at the states between, or where that needs more segments, 1024 rows at least."""
     from leettriton.methods.block_based import space as bb
 
     h100 = FAMILIES["h100"]
@@ -196,12 +196,21 @@ def test_block_based_small_states_take_shorter_segments_while_the_walk_sums_its_
     assert [bb.segmenting(16, n, 64, 64, 2, h100, cfg)[0] for n in (2048, 4096, 8192)] == [512, 512, 1024]
     assert [bb.min_segment(n, 64, 64) for n in (2048, 4096, 5000, 8192, 32768)] == [512, 512, 625, 1024, 1024]
     assert bb.min_segment(2048, 128, 128) == bb.min_segment(2048, 64, 128) == bb.MIN_SEGMENT == 1024
-    assert bb.min_segment(2048, 128, 256) == 1024 and bb.min_segment(2048, 256, 128) == 1024
-    assert [bb.min_segment(n, 256, 512) for n in (1024, 2048, 5000, 8192)] == [512, 512, 625, 1024]
-    assert bb.min_segment(2048, 256, 256) == bb.min_segment(2048, 1024, 1024) == 512
-    # RetNet-1.3B's layer at 1 × 8 heads: 32 walks of the 8-warp config, one a multiprocessor, so four segments
+    assert bb.min_segment(2048, 256, 512) == 1024 and bb.short_min_segment(2048) == 512
+    # RetNet-1.3B's layer at 1 × 8 heads.  The 8-warp walk, one program a multiprocessor: 32 walks a segment, four
+    # segments of 512 rows at n = 2048 (two of 1024 in the rule's wave alone)
     wide = dict(BT=32, BK=256, BV=128, num_warps=8, num_stages=3)
-    assert [bb.segmenting(8, n, 256, 512, 2, h100, wide)[0] for n in (1024, 2048, 8192)] == [512, 512, 2048]
+    assert bb.programs_per_sm(wide, 256, 2, h100) == 1
+    assert [bb.segmenting(8, n, 256, 512, 2, h100, wide)[0] for n in (1024, 2048, 3072, 8192)] == [512, 512, 768, 2048]
+    # the 4-warp walk, two programs a multiprocessor: 64 walks a segment; shorter segments only up to two
+    # segments (one program a multiprocessor), so 2048 rows stay in two of 1024, and the wave of two programs a
+    # multiprocessor gives four of 1024 at 4096 rows and of 2048 at 8192
+    narrow = dict(BT=32, BK=64, BV=64, num_warps=4, num_stages=3)
+    assert bb.programs_per_sm(narrow, 256, 2, h100) == 2
+    assert [bb.segmenting(8, n, 256, 512, 2, h100, narrow)[0] for n in (1024, 2048, 4096, 8192)] == [512, 1024, 1024,
+                                                                                                   2048]
+    # a state just short of 256 × 256 entries keeps the rule's 1024 rows
+    assert bb.segmenting(8, 2048, 128, 256, 2, h100, wide)[0] == 1024
     assert bb.segmenting(32, 2048, 128, 128, 2, h100, cfg)[0] == 1024
     for n in (2048, 4096, 5000, 6000):
         seg_len = bb.segmenting(16, n, 64, 64, 2, h100, cfg)[0]

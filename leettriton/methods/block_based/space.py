@@ -58,29 +58,39 @@ SMALL_STATE = 64 * 64
 """States of at most this many entries (r·d) may take segments down to ``SHORT_MIN_SEGMENT`` rows."""
 
 LARGE_STATE = 256 * 256
-"""States of at least this many entries (r·d) may take segments down to ``SHORT_MIN_SEGMENT`` rows too.  Their walk's
-time per row is that of its products (r·d multiply-adds a row), not of its reads, and a segment's start state
-(r·d floats) grows with it: its share of a segment's time stays that of a narrow walk's start state at 512 rows.  On an
-H200 at RetNet-1.3B's layer (heads 8, r = 256, d = 512), each call's kernels alone, float16, batch 1: n = 1024 in two
-segments of 512 rows 0.046 ms against one of 1024 0.059; n = 2048 in four of 512 (8-warp walk) 0.072 against two of
-1024 0.078; n = 3072 in four of 768 0.093 against three of 1024 0.099; bfloat16 alike
-(perf/results/h200/segments_r256.log)."""
+"""States of at least this many entries (r·d) may also take segments down to ``SHORT_MIN_SEGMENT`` rows, as long as
+their walks still get at most one program a multiprocessor (:func:`segmenting`).  Their walk's time per row is that
+of its products (r·d multiply-adds a row), not of its reads, and a segment's start state (r·d floats) grows with it,
+so its share of a segment's time stays that of a narrow walk's start state at 512 rows; but a second program on a
+multiprocessor adds no speed to products that already keep it busy, while more segments add state-pass work.  On an
+H200 at RetNet-1.3B's layer (heads 8, r = 256, d = 512), each call's kernels alone, float16, batch 1: n = 2048 with
+the 8-warp walk (one program a multiprocessor) in four segments of 512 rows 0.072 ms against two of 1024 0.098, and
+with the 4-warp walk (two a multiprocessor) in two of 1024, 128 programs, 0.078 against four of 512, 256 programs,
+0.090; n = 1024 with the 4-warp walk in two segments of 512 0.046 against one 0.059; n = 3072 with the 8-warp walk
+in four of 768 0.093 against three of 1024 0.099; bfloat16 alike (perf/results/h200/segments_r256.log)."""
 
 SHORT_MIN_SEGMENT = 512
-"""Fewest rows per segment for a small or a large state, while the walk still sums its own start states (at most
-``PREFIX_SEGMENTS`` segments: a scan launch costs more than the shorter segments save).  At r = d = 64 the
-state is 16 KB, the same share of 512 rows' inputs as at r = d = 128 of 1024.  On an H200, float16, 1 × 16
-heads × 2048 took 23.3 µs in segments of 512 rows against 34.8 in segments of 1024, 1 × 16 × 4096 26.9
-against 35.6; 1 × 16 × 8192 in 16 segments of 512 (with the scan) 53.3 against 43.5 in 8 of 1024
-(perf/results/h200/short_segments.log)."""
+"""Fewest rows per segment for a small state (and, up to one program a multiprocessor, a large one), while the
+walk still sums its own start states (at most ``PREFIX_SEGMENTS`` segments: a scan launch costs more than the
+shorter segments save).  At r = d = 64 the state is 16 KB, the same share of 512 rows' inputs as at r = d = 128
+of 1024.  On an H200, float16, 1 × 16 heads × 2048 took 23.3 µs in segments of 512 rows against 34.8 in segments
+of 1024, 1 × 16 × 4096 26.9 against 35.6; 1 × 16 × 8192 in 16 segments of 512 (with the scan) 53.3 against 43.5
+in 8 of 1024 (perf/results/h200/short_segments.log)."""
+
+
+def short_min_segment(n: int) -> int:
+    """``SHORT_MIN_SEGMENT``, or longer where ``PREFIX_SEGMENTS`` segments of it would not cover ``n`` (at most
+    ``MIN_SEGMENT``)."""
+    return max(SHORT_MIN_SEGMENT, min(MIN_SEGMENT, cdiv(n, PREFIX_SEGMENTS)))
 
 
 def min_segment(n: int, r: int, d: int) -> int:
-    """The fewest rows per segment of a sequence of ``n`` rows at widths ``r`` and ``d``: ``MIN_SEGMENT``, or for
-    a small or a large state as few as ``SHORT_MIN_SEGMENT`` as long as ``PREFIX_SEGMENTS`` segments cover ``n``."""
-    if SMALL_STATE < r * d < LARGE_STATE:
+    """The fewest rows per segment of a sequence of ``n`` rows at widths ``r`` and ``d`` in the segment rule's
+    wave: ``MIN_SEGMENT``, or for a small state :func:`short_min_segment` (a large state's shorter segments come
+    in :func:`segmenting`, up to one program a multiprocessor)."""
+    if r * d > SMALL_STATE:
         return MIN_SEGMENT
-    return max(SHORT_MIN_SEGMENT, min(MIN_SEGMENT, cdiv(n, PREFIX_SEGMENTS)))
+    return short_min_segment(n)
 
 
 SEGMENT_ALIGN = CHUNK_ROWS_MAX
@@ -134,16 +144,21 @@ def segmenting(batch_heads: int, n: int, r: int, d: int, itemsize: int, family: 
 
     Segments: the shared rule (kernels/segments_space.py) with one program per (segment, value tile,
     batch·head), :func:`programs_per_sm` of the walk ``config`` per multiprocessor, segments of at
-    least :func:`min_segment` rows; under the interpreter, ``INTERPRETER_SEGMENT`` rows.  Pieces:
+    least :func:`min_segment` rows; for a state of ``LARGE_STATE`` entries or more, as many as that rule with
+    one program a multiprocessor and :func:`short_min_segment` rows gives, if more; under the interpreter,
+    ``INTERPRETER_SEGMENT`` rows.  Pieces:
     :func:`state_split`; the segment length is then rounded up to a multiple of the pieces' alignment,
     so that every piece but the sequence's last is as long."""
     if family.name == "cpu":
         seg_len = min(n, INTERPRETER_SEGMENT)
         return seg_len, state_split(batch_heads, n, r, d, seg_len, family)
     bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
-    seg_len = shared_segment_length(n, batch_heads * cdiv(d, bv), family,
-                                    programs_per_sm=programs_per_sm(config, r, itemsize, family),
+    programs = batch_heads * cdiv(d, bv)
+    seg_len = shared_segment_length(n, programs, family, programs_per_sm=programs_per_sm(config, r, itemsize, family),
                                     min_segment=min_segment(n, r, d), align=SEGMENT_ALIGN)
+    if r * d >= LARGE_STATE:   # shorter segments, as far as one walk program a multiprocessor (LARGE_STATE)
+        seg_len = min(seg_len, shared_segment_length(n, programs, family, programs_per_sm=1,
+                                                     min_segment=short_min_segment(n), align=SEGMENT_ALIGN))
     split = state_split(batch_heads, n, r, d, seg_len, family)
     if split > 1:
         seg_len = cdiv(cdiv(n, cdiv(n, seg_len)), SEGMENT_ALIGN * split) * SEGMENT_ALIGN * split

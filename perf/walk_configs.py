@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--state-splits", default="rule", help="comma-separated pieces per segment of the state pass "
                     "(rule: the rule's)")
     ap.add_argument("--min-segments", default="rule", help="comma-separated fewest rows per segment of the "
-                    "segment rule for every width (rule: the library's MIN_SEGMENT)")
+                    "segment rule for every width (rule: the library's rule)")
     ap.add_argument("--replay", action="store_true", help="time each call by the replay of its CUDA graph "
                     "(the kernels alone; default: calls from Python)")
     opts = ap.parse_args(argv)

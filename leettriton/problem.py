@@ -89,6 +89,33 @@ class Problem:
         self.__dict__["_shape"] = (self.b, self.v, shape)
         return shape
 
+    def repeat_launch(self, mark: tuple, extra: tuple = ()) -> bool:
+        """Launch again what an earlier call of this problem's signature kept in :attr:`memo` under ``mark``
+        (:meth:`keep_launch`; docs/design.md §4.5), on this call's tensors: b, c, v, out, γ, the initial and the
+        final state (``out`` standing in for those absent), then ``extra``, the launcher's own.  True when it
+        launched; False when nothing is kept, what is kept does not hold for this call (the caller then launches
+        through its compiled launches), or the problem is reversed: its rows are addressed through other
+        pointers than its tensors' (``problem_args``), so it never repeats.
+
+        The memo's signature fixes every argument but the tensors; ``mark`` names the launcher's kernel and what
+        it derives besides, and what a sub-problem sharing the memo may change (pieces of r, blocks of rows)."""
+        memo = self.memo
+        if memo is None or self.reverse:
+            return False
+        again = memo.get(mark)
+        if again is None:
+            return False
+        out = self.out
+        return again((self.b, self.c, self.v, out, out if self.gamma is None else self.gamma,
+                      out if self.initial_state is None else self.initial_state,
+                      out if self.state is None else self.state) + extra)
+
+    def keep_launch(self, mark: tuple, launch) -> None:
+        """Keep ``launch`` (what ``CompiledLaunches.launch_args`` returned: a Launch taking the tensors of
+        :meth:`repeat_launch`, or None) in :attr:`memo` under ``mark`` for the next call of the signature."""
+        if self.memo is not None and launch is not None and not self.reverse:
+            self.memo[mark] = launch
+
     def rows(self, start: int, stop: int) -> "Problem":
         """The sub-problem of rows [start, stop) of this problem (views, no copies; the states as they are).
 

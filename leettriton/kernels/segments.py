@@ -146,33 +146,6 @@ def _derived(p: Problem) -> tuple:
     return p.shape, p.out.dtype, p.out.stride(), p.initial_state is None, p.state is None
 
 
-def _repeat(p: Problem, mark: tuple, ws: torch.Tensor) -> bool:
-    """Launch again, on this call's tensors, the Launch that an earlier call of ``p``'s signature kept in its memo
-    under ``mark`` (docs/design.md §4.5): True when it did; False when there is none, or it does not hold for this
-    call (the caller then launches through the compiled launches, and keeps what that gives with :func:`_keep`).
-
-    The memo's signature fixes every argument but the tensors (shapes, strides, dtypes, flags, the plan and its
-    configs) of the caller's problem; ``mark`` adds what this caller derives besides (segments, counts) and what
-    a sub-problem of the signature's may change (:func:`_derived`).  A reversed problem's rows are
-    addressed through other pointers than its tensors' (``problem_args``): it never repeats."""
-    memo = p.memo
-    if memo is None or p.reverse:
-        return False
-    again = memo.get(mark)
-    if again is None:
-        return False
-    out = p.out
-    return again((p.b, p.c, p.v, out, out if p.gamma is None else p.gamma,
-                  out if p.initial_state is None else p.initial_state, out if p.state is None else p.state, ws))
-
-
-def _keep(p: Problem, mark: tuple, launch) -> None:
-    """Keep ``launch`` (what ``CompiledLaunches.launch_args`` returned: a Launch, or None) in ``p``'s memo under
-    ``mark`` for the next call of its signature (:func:`_repeat`)."""
-    if p.memo is not None and launch is not None and not p.reverse:
-        p.memo[mark] = launch
-
-
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
     B, H, n, r, d = p.shape
@@ -197,9 +170,9 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
     if nl > 0:
         mark = (_STATE_LAUNCHES, seg_len, nl, two_part(p)) + _derived(p)
-        if not _repeat(p, mark, ws):
+        if not p.repeat_launch(mark, (ws,)):
             grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-            _keep(p, mark, _STATE_LAUNCHES.launch_args(
+            p.keep_launch(mark, _STATE_LAUNCHES.launch_args(
                 grid, (config or {}).get(spaces.STATE.name),
                 dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False, TWO_PART=two_part(p)), B))
     return ws
@@ -230,8 +203,8 @@ def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Opti
     if p.state is not None and count != ws.shape[2]:
         raise ValueError("the final state needs the scan of every segment")
     mark = (_SCAN_LAUNCHES, seg_len, count, ws.shape[2]) + _derived(p)
-    if not _repeat(p, mark, ws):
+    if not p.repeat_launch(mark, (ws,)):
         scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
-        _keep(p, mark, _SCAN_LAUNCHES.launch_args(
+        p.keep_launch(mark, _SCAN_LAUNCHES.launch_args(
             scan_grid, (config or {}).get(spaces.SCAN.name),
             dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=count, NW=ws.shape[2]), B))

@@ -610,25 +610,19 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     """
     if prefix and sub != 1:
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
-    memo, mark = (p.memo, (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype,
-                           p.out.stride()))
+    # a call of a signature walked before: every argument but the tensors is what it was then (the memo's
+    # signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds: the segments; and
+    # r, whether a partial sum is added, and the output's dtype and strides, which differ between pieces of r: a
+    # float32 buffer, or the caller's output)
+    mark = (kernel, seg_len, prefix, sub, ws is None, p.b.shape[-1], partial is None, p.out.dtype, p.out.stride())
     flags = walk_flags(p, 1 if ws is None else cdiv(p.shape[2], seg_len))
     if DESCRIPTORS and p.v.is_cuda:
         _scratch_allocator()  # before any launch: a repeat of a launch with tensor descriptors needs one too
-    if memo is not None and not p.reverse:   # (a repeat takes the tensors as they are: not a reversed problem's)
-        # a call of a signature walked before: every argument but the tensors is what it was then (the
-        # memo's signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds:
-        # the segments; and r, whether a partial sum is added, and the output's dtype and strides, which
-        # differ between pieces of r: a float32 buffer, or the caller's output)
-        again = memo.get(mark)
-        if again is not None:
-            out = p.out
-            stand_in = out if ws is None else ws
-            if again((p.b, p.c, p.v, out, out if p.gamma is None else p.gamma,
-                      out if p.initial_state is None else p.initial_state, out if p.state is None else p.state,
-                      stand_in, stand_in, stand_in, stand_in, out if partial is None else partial,
-                      out if flags is None else flags)):
-                return
+    out = p.out
+    stand_in = out if ws is None else ws
+    if p.repeat_launch(mark, (stand_in, stand_in, stand_in, stand_in, out if partial is None else partial,
+                              out if flags is None else flags)):
+        return
     B, H, n, r, d = p.shape
     args = problem_args(p)
     if ws is None:
@@ -647,9 +641,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
                 TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
                 flag_ptr=p.out if flags is None else flags, REDO=False, PDL=redo_by_pdl(p, flags),
                 **partial_args(p, args, partial))
-    again = _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None)
-    if memo is not None and again is not None and not p.reverse:
-        memo[mark] = again
+    p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None))
 
 
 TMA_MIN_R = 129

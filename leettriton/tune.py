@@ -281,6 +281,19 @@ def _save(path: str, doc: dict) -> None:
 
 
 def main(argv=None) -> int:
+    """The command (``python -m leettriton.tune --help``); 0 when done, 2 when refused.  It measures with
+    autotuning on (``LEETTRITON_AUTOTUNE=1``) and gives the calling process its own setting back on return."""
+    before = os.environ.get("LEETTRITON_AUTOTUNE")
+    try:
+        return _main(argv)
+    finally:   # left on, every later call of a process that called main (a notebook, a test) would tune again
+        if before is None:
+            os.environ.pop("LEETTRITON_AUTOTUNE", None)
+        else:
+            os.environ["LEETTRITON_AUTOTUNE"] = before
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m leettriton.tune", description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, choices=[f for f in FAMILIES if f != "cpu"],
                     help="the family to measure; must be the GPU this runs on")
@@ -321,7 +334,7 @@ def main(argv=None) -> int:
               f"which is of the {family.name!r} family: run it on a {opts.gpu} GPU, or pass --gpu {family.name}",
               file=sys.stderr)
         return 2
-    os.environ["LEETTRITON_AUTOTUNE"] = "1"  # the tuner measures each method at its best config
+    os.environ["LEETTRITON_AUTOTUNE"] = "1"  # the tuner measures each method at its best config (until main returns)
 
     try:
         grid = select_grid(opts)

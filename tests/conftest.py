@@ -11,6 +11,7 @@
 * Every output the package allocates is filled with NaN first, so an element a
   kernel forgets to write fails the comparison.
 * A pinned config that is not one of its family's configs (``PinnedConfigWarning``) fails the test.
+* A test that leaves ``LEETTRITON_AUTOTUNE`` changed fails (an error at its teardown).
 * On a GPU, a test whose failure leaves the process's CUDA context unusable (a sticky CUDA error, such as an
   illegal address) is named in every later test of that process, which fails at once: a worker's log then
   says where its GPU was lost, even when only its last lines are kept.
@@ -46,6 +47,18 @@ settings.register_profile(
     "dev", max_examples=40, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if HAS_GPU else "ci"))
+
+
+@pytest.fixture(autouse=True)
+def autotuning_setting_kept():
+    """A test that leaves the process's ``LEETTRITON_AUTOTUNE`` other than it found it fails (an error at its
+    teardown): every later test of its process would tune each new shape's kernels, or stop tuning, so the
+    suite's time and the configs it runs would depend on the order tests meet in a worker.  (Defined first of
+    the autouse fixtures, so that monkeypatch's undoing comes before this check.)"""
+    before = os.environ.get("LEETTRITON_AUTOTUNE")
+    yield
+    after = os.environ.get("LEETTRITON_AUTOTUNE")
+    assert after == before, f"the test left LEETTRITON_AUTOTUNE={after!r} (it found {before!r})"
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +12,7 @@ import torch
 import leettriton
 from leettriton import tune
 from leettriton.problem import make_problem
-from leettriton.autotune import FAMILIES, KERNELS, current_family, recording
+from leettriton.autotune import FAMILIES, KERNELS, autotune_enabled, current_family, recording
 from leettriton.autotune import heuristics
 from leettriton.autotune.heuristics import FORMAT, HeuristicsError, read_heuristics
 from leettriton.plan import choose, fallback
@@ -331,6 +332,37 @@ def _tiny_grid(out: str, decay: str, methods: str) -> list:
     """tune's arguments for a float32 series at r = d = 4, batch·heads 1 (add --n)."""
     return ["--gpu", "h100", "--dtypes", "float32", "--decay", decay, "--rd", "4x4", "--bh", "1", "--methods",
             methods, "--out", out]
+
+
+@pytest.mark.parametrize("before", ["0", None])
+def test_tune_turns_autotuning_on_for_its_own_run_only(tmp_path, monkeypatch, before):
+    """The tuner measures each method at its autotuned best (``LEETTRITON_AUTOTUNE`` on inside ``tune.main``);
+    a process that calls ``tune.main`` (a notebook, this suite) has its own setting back afterwards, whether
+    the run finished or raised.  Left on, every later call of that process would tune each new shape's kernels
+    (this suite's later tests on a GPU, which conftest.py runs at each family's first config)."""
+    if before is None:
+        monkeypatch.delenv("LEETTRITON_AUTOTUNE", raising=False)
+    else:
+        monkeypatch.setenv("LEETTRITON_AUTOTUNE", before)
+    grid = _tiny_grid(str(tmp_path / "h100.json"), "yes", "vanilla")
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0}, [])
+    stand_in, seen = tune.time_method, []
+
+    def measured(*args, **kwargs):
+        seen.append(autotune_enabled())
+        return stand_in(*args, **kwargs)
+
+    monkeypatch.setattr(tune, "time_method", measured)
+    assert tune.main(grid + ["--n", "16"]) == 0
+    assert seen == [True] and os.environ.get("LEETTRITON_AUTOTUNE") == before
+
+    def failed(*args, **kwargs):
+        raise RuntimeError("a measurement failed")
+
+    monkeypatch.setattr(tune, "time_method", failed)
+    with pytest.raises(RuntimeError, match="a measurement failed"):
+        tune.main(grid + ["--n", "32"])
+    assert os.environ.get("LEETTRITON_AUTOTUNE") == before
 
 
 def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, monkeypatch):

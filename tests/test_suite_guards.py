@@ -54,3 +54,27 @@ def test_a_lost_cuda_context_is_named_by_every_later_test_and_a_plain_failure_is
         "*ERROR test_guard.py::test_long_after_the_loss - Failed: this process lost its CUDA context in "
         "test_guard.py::test_loses_the_gpu*",
     ])
+
+
+def test_a_test_that_leaves_the_autotuning_setting_changed_fails(pytester, monkeypatch):
+    """conftest.py's LEETTRITON_AUTOTUNE guard: a test that changes it and leaves it so errs at its teardown;
+    one that changes it through monkeypatch (undone before the check) passes, and so does the test after."""
+    monkeypatch.setenv("COLUMNS", "400")   # the short summary's lines whole
+    monkeypatch.setenv("LEETTRITON_AUTOTUNE", "0")   # as conftest.py sets it unless set
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(test_guard='''
+        import os
+
+        def test_through_monkeypatch(monkeypatch):
+            monkeypatch.setenv("LEETTRITON_AUTOTUNE", "1")
+
+        def test_leaves_it_on():
+            os.environ["LEETTRITON_AUTOTUNE"] = "1"
+
+        def test_after_it():
+            pass
+    ''')
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-rfE")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR test_guard.py::test_leaves_it_on - AssertionError: the test left "
+                                 "LEETTRITON_AUTOTUNE='1' (it found '0')*"])

@@ -5,6 +5,7 @@ so it checks the tools' logic -- statuses, files, flags -- not any speed.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
@@ -12,6 +13,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -803,3 +805,52 @@ def test_bench_backward_model_sets_the_layer_and_names_its_files(tmp_path):
     for bad in ("3,24", "3,0,40", "a,b,c"):
         with pytest.raises(SystemExit):
             mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--model", bad])
+
+
+def _stand_in_capture(monkeypatch, launched: list) -> None:
+    """torch.cuda's streams and graph capture on the CPU, for graph_replay: ``launched`` is the work a call
+    launches; a capture during which nothing was added warns at its end, as torch's does."""
+    class Graph:
+        def replay(self):
+            pass
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, stream=None):
+        before = len(launched)
+        yield
+        if len(launched) == before:
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be "
+                          "captured on wrong device or stream.", UserWarning)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+
+
+def test_graph_replay_refuses_a_capture_that_recorded_no_work(monkeypatch):
+    """A call whose capture recorded nothing (its kernels on another stream or device, or none launched) would
+    have its replay timed at nothing: graph_replay raises.  A capture that recorded work gives its replay, and
+    the call's own warnings during the capture still reach the caller.  (torch's capture is stood in for on
+    the CPU, warning as torch's does when a capture ends empty.)"""
+    launched = []
+    _stand_in_capture(monkeypatch, launched)
+    replay = timing.graph_replay(lambda: launched.append("kernel"))
+    assert launched == ["kernel", "kernel"] and callable(replay)   # the warm call, then the captured one
+
+    with pytest.raises(RuntimeError, match="capture recorded no work"):
+        timing.graph_replay(lambda: None)
+
+    def warns():
+        launched.append("kernel")
+        warnings.warn("the call's own warning", UserWarning)
+
+    with pytest.warns(UserWarning) as record:
+        timing.graph_replay(warns)
+    assert [str(w.message) for w in record] == ["the call's own warning"] * 2   # the warm call's, the captured

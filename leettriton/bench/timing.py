@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -99,7 +100,9 @@ def graph_replay(fn: Callable[[], Any]) -> Callable[[], None]:
 
     ``fn`` runs once on the capture stream first (compiling and tuning there, as torch asks of a capture);
     a call that cannot be captured (a device sync, a host read of a device value) raises torch's
-    ``RuntimeError``.  The replay's outputs live in the graph's own memory, kept while the replay is.
+    ``RuntimeError``, and so does one whose capture recorded no work (its kernels went to another stream or
+    device, or it launched none): its replay would be timed at nothing.  The replay's outputs live in the
+    graph's own memory, kept while the replay is.
 
     Example::
 
@@ -112,11 +115,22 @@ def graph_replay(fn: Callable[[], Any]) -> Callable[[], None]:
     with torch.cuda.stream(stream):
         fn()
         torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    for w in caught:
+        if EMPTY_GRAPH in str(w.message):   # torch says so only as a warning, when the capture ends
+            raise RuntimeError("graph_replay: the call's capture recorded no work (its kernels ran on another "
+                               "stream or device, or it launched none); its replay would be timed at nothing")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     return graph.replay
+
+
+EMPTY_GRAPH = "The CUDA Graph is empty"
+"""How torch's warning at the end of a capture that recorded nothing begins (:func:`graph_replay`)."""
 
 
 def cpu_time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100, warm: bool = True,

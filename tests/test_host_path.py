@@ -180,6 +180,23 @@ def test_a_repeated_segmented_call_makes_every_launch_from_its_memo(monkeypatch)
             assert made == [], f"a repeated call launched {made} through CompiledLaunches.launch"
 
 
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_a_launch_kept_for_one_shape_is_not_repeated_on_another_sharing_the_memo(method):
+    """A launcher's mark names the shape it launched (B, H, n, r, d), not only what the memo's signature fixes:
+    a problem of more batch elements sharing the memo launches anew.  Repeated there, the kept launch's grid
+    would cover the first batch element only, and the second's output would stay as allocated (NaN)."""
+    from leettriton.plan import run_problem
+    from leettriton.problem import make_problem
+
+    n, memo = 150, {}   # the interpreter's segments: 40 rows, so block_based runs its segment kernels too
+    for batch, seed in ((1, 20), (2, 23)):
+        b, c, v = rand(batch, H, n, R, seed=seed), rand(batch, H, n, R, seed=seed + 1), rand(batch, H, n, D, seed=seed + 2)
+        p, out = make_problem(b, c, v, 0.9)
+        p.memo = memo
+        run_problem(p, method)
+        assert_close(out, leettriton.reference(b, c, v, 0.9), tolerance(torch.float32), f"{method}, batch {batch}")
+
+
 def test_every_kernel_argument_is_keyed_or_handed_over():
     """A CompiledLaunches key holds every argument that is not a tensor by value, and each tensor by dtype:
     no argument of the kernel is left out (a left-out one would be launched stale)."""

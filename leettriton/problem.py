@@ -98,11 +98,11 @@ class Problem:
         pointers than its tensors' (``problem_args``), so it never repeats.
 
         The memo's signature fixes every argument but the tensors; ``mark`` names the launcher's kernel and what
-        it derives besides, and what a sub-problem sharing the memo may change (pieces of r, blocks of rows)."""
+        it derives besides.  The key adds what a sub-problem sharing the memo may change (:meth:`_variant`)."""
         memo = self.memo
         if memo is None or self.reverse:
             return False
-        again = memo.get(mark)
+        again = memo.get(mark + self._variant())
         if again is None:
             return False
         out = self.out
@@ -114,7 +114,14 @@ class Problem:
         """Keep ``launch`` (what ``CompiledLaunches.launch_args`` returned: a Launch taking the tensors of
         :meth:`repeat_launch`, or None) in :attr:`memo` under ``mark`` for the next call of the signature."""
         if self.memo is not None and launch is not None and not self.reverse:
-            self.memo[mark] = launch
+            self.memo[mark + self._variant()] = launch
+
+    def _variant(self) -> tuple:
+        """What may differ between the problems that share one signature's memo, part of every kept launch's key:
+        a method derives sub-problems of other shapes from the caller's (pieces of r, with a float32 output
+        buffer between them, kernels/pieces.py; blocks of batch elements and heads, methods/recursion), each
+        with or without its initial and final state.  Their other strides are the caller's."""
+        return self.shape, self.out.dtype, self.out.stride(), self.initial_state is None, self.state is None
 
     def rows(self, start: int, stop: int) -> "Problem":
         """The sub-problem of rows [start, stop) of this problem (views, no copies; the states as they are).

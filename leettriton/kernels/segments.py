@@ -138,14 +138,6 @@ _STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _POINTERS)
 _SCAN_LAUNCHES = CompiledLaunches(_segment_scan_kernel, _POINTERS)
 
 
-def _derived(p: Problem) -> tuple:
-    """What may differ between the problems that share one signature's memo, for the segment kernels' marks: a
-    method derives sub-problems of other shapes from the caller's (pieces of r, with a float32 output buffer
-    between them, kernels/pieces.py; blocks of batch elements and heads, methods/recursion), each with or without
-    its initial and final state.  Their other strides are the caller's."""
-    return p.shape, p.out.dtype, p.out.stride(), p.initial_state is None, p.state is None
-
-
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
     B, H, n, r, d = p.shape
@@ -169,7 +161,7 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     nl = count if count is not None else ns if last else ns - 1
     ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
     if nl > 0:
-        mark = (_STATE_LAUNCHES, seg_len, nl, two_part(p)) + _derived(p)
+        mark = (_STATE_LAUNCHES, seg_len, nl, two_part(p))
         if not p.repeat_launch(mark, (ws,)):
             grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
             p.keep_launch(mark, _STATE_LAUNCHES.launch_args(
@@ -202,7 +194,7 @@ def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Opti
     count = ws.shape[2] if count is None else count
     if p.state is not None and count != ws.shape[2]:
         raise ValueError("the final state needs the scan of every segment")
-    mark = (_SCAN_LAUNCHES, seg_len, count, ws.shape[2]) + _derived(p)
+    mark = (_SCAN_LAUNCHES, seg_len, count, ws.shape[2])
     if not p.repeat_launch(mark, (ws,)):
         scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
         p.keep_launch(mark, _SCAN_LAUNCHES.launch_args(

@@ -611,11 +611,9 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     if prefix and sub != 1:
         raise ValueError("the walk sums its start states from whole segments' local states only (sub = 1)")
     # a call of a signature walked before: every argument but the tensors is what it was then (the memo's
-    # signature fixes the shapes, strides, dtypes and flags; ``mark`` what this launcher adds: the segments; and
-    # what a sub-problem sharing the memo may change: its shape (a piece of r; any other, as the segment kernels'
-    # marks), whether a partial sum is added, and the output's dtype and strides, which differ between pieces of
-    # r: a float32 buffer, or the caller's output)
-    mark = (kernel, seg_len, prefix, sub, ws is None, p.shape, partial is None, p.out.dtype, p.out.stride())
+    # signature fixes the shapes, strides, dtypes and flags, and the key adds the sub-problem's shape, output and
+    # states, Problem._variant; ``mark`` what this launcher adds: the segments, and whether a partial sum is added)
+    mark = (kernel, seg_len, prefix, sub, ws is None, partial is None)
     flags = walk_flags(p, 1 if ws is None else cdiv(p.shape[2], seg_len))
     if DESCRIPTORS and p.v.is_cuda:
         _scratch_allocator()  # before any launch: a repeat of a launch with tensor descriptors needs one too

@@ -38,8 +38,10 @@ HEADS, R, D = 32, 128, 128
 def _time(fn, rep_ms: int) -> dict:
     """``gpu``: median ms of the call's CUDA-graph replay; ``wall``: ms per call from Python, host included.
     (The capture is written out here, not taken from ``leettriton.bench.graph_replay``: this script measures
-    trees of any commit, older ones without that helper.)"""
+    trees of any commit, older ones without that helper.  As that helper does, it refuses a capture that
+    recorded no work, which torch only warns of: its replay would be timed at nothing.)"""
     import time
+    import warnings
 
     import torch
     import triton
@@ -54,9 +56,15 @@ def _time(fn, rep_ms: int) -> dict:
         with torch.cuda.stream(stream):
             fn()                                   # on the capture stream once, as torch asks
             torch.cuda.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                fn()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with torch.cuda.graph(graph, stream=stream):
+                    fn()
         torch.cuda.current_stream().wait_stream(stream)
+        for w in caught:
+            if "The CUDA Graph is empty" in str(w.message):
+                raise RuntimeError("the capture recorded no work: its replay would be timed at nothing")
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         q = triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
     except Exception as exc:  # noqa: BLE001  (reported in the row; the wall-clock time still counts)
         print(f"graph capture failed: {type(exc).__name__}: {exc}", flush=True)

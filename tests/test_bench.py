@@ -854,3 +854,21 @@ def test_graph_replay_refuses_a_capture_that_recorded_no_work(monkeypatch):
     with pytest.warns(UserWarning) as record:
         timing.graph_replay(warns)
     assert [str(w.message) for w in record] == ["the call's own warning"] * 2   # the warm call's, the captured
+
+
+def test_ab_compare_reports_a_capture_that_recorded_no_work_as_failed(monkeypatch, capsys):
+    """perf/ab_compare.py writes its capture out (it measures trees without graph_replay): a call whose capture
+    recorded nothing gets no GPU time (None, the failure printed), not its empty replay's; a call that launches
+    work gets its replay timed.  (torch's capture and do_bench stood in for on the CPU.)"""
+    import triton
+
+    mod = _script("ab_compare")
+    launched = []
+    _stand_in_capture(monkeypatch, launched)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, warmup, rep, quantiles: [0.5, 0.4, 0.6])
+    row = mod._time(lambda: launched.append("kernel"), rep_ms=1)
+    assert (row["gpu_ms"], row["gpu_p20"], row["gpu_p80"]) == (0.5, 0.4, 0.6) and row["calls"] >= 20
+
+    row = mod._time(lambda: None, rep_ms=1)
+    assert (row["gpu_ms"], row["gpu_p20"], row["gpu_p80"]) == (None, None, None) and row["calls"] >= 20
+    assert "graph capture failed: RuntimeError: the capture recorded no work" in capsys.readouterr().out

@@ -1,11 +1,13 @@
-"""The chunked methods (lightning_attention, block_based) against fla and lightning-attn.
+"""The chunked methods (lightning_attention, block_based) and ``auto`` against fla and lightning-attn.
 
 1. Speed: heads 32, r = d = 128, with decay (γ per head 0.969 … 0.996) and without,
    float16 and bfloat16; batch 1 with n ∈ {2048, 8192, 32768, 100000} and batch 16 with
    n ∈ {2048, 8192, 25600}.  Peers: fla ``chunk_simple_gla`` (``g_gamma = ln γ``,
    ``scale=1.0``, ``[B, T, H, K]`` inputs converted outside the timed region) and
-   lightning-attn ``lightning_attn2`` (``s = −ln γ``), measured in the same run.  Our kernels
-   are autotuned at each shape (their tuned configs are cleared before it).
+   lightning-attn ``lightning_attn2`` (``s = −ln γ``), measured in the same run.  Our two
+   methods are autotuned at each shape (their tuned configs are cleared before it); ``auto``
+   runs the heuristic file's method, configs and schedule, which the autotuner cannot choose
+   (at batch 1 and long n it times each walk config under one segment rule only: docs/design.md §5.5).
    Targets: the best of ours ≥ 1.5× faster than ``chunk_simple_gla`` at every shape,
    and ≤ 3× the memory floor at batch 16, n 8192, float16.
 2. Precision: n = 100 000, batch 1, heads 4, r = d = 128, γ ∈ {1, 0.999, 0.9} (one γ for
@@ -32,7 +34,7 @@ from leettriton import bench  # noqa: E402
 from leettriton.autotune import KERNELS  # noqa: E402
 
 NAME = "bench_chunked"
-OURS = ("lightning_attention", "block_based")
+OURS = ("auto", "lightning_attention", "block_based")
 FLA, LA2 = "fla_chunk_simple_gla", "lightning_attn2"
 
 

@@ -738,6 +738,10 @@ def test_bench_chunked_shapes_measures_only_those_shapes_into_files_of_its_own(t
     rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5", "--shapes", "1x48"])
     assert {(r["batch"], r["n"]) for r in rep.rows} == {(1, 48)}
     assert all(r.get("section") == "speed" for r in rep.rows)             # no precision section
+    # auto is timed beside the two methods autotuned at the shape, and its column is in the tables
+    assert {r["method"] for r in rep.rows} >= {"auto", "lightning_attention", "block_based"}
+    md = (tmp_path / "cpu" / "bench_chunked.quick_shapes.md").read_text()
+    assert "| batch × n   | auto " in md
     assert (tmp_path / "cpu" / "bench_chunked.quick_shapes.json").exists()
     assert not (tmp_path / "cpu" / "bench_chunked.quick.json").exists()   # a full run's files are left alone
     with pytest.raises(SystemExit):

@@ -8,7 +8,11 @@
    methods are autotuned at each shape (their tuned configs are cleared before it); ``auto``
    runs the heuristic file's method, configs and schedule, which the autotuner cannot choose
    (at batch 1 and long n it times each walk config under one segment rule only: docs/design.md §5.5).
-   Targets: the best of ours ≥ 1.5× faster than ``chunk_simple_gla`` at every shape,
+   On the GPU each cell's ``auto``, fla and fastest other method of ours are then timed again in
+   alternating rounds, as calls from Python and as CUDA-graph replays (the kernels alone), as
+   ``perf/bench_model_shapes.py`` does (``time_in_rounds``); each entry counts with its lower time
+   of the sweep and its rounds.
+   Targets: the best of ours ≥ 1.5× faster than ``chunk_simple_gla`` at every shape (from Python),
    and ≤ 3× the memory floor at batch 16, n 8192, float16.
 2. Precision: n = 100 000, batch 1, heads 4, r = d = 128, γ ∈ {1, 0.999, 0.9} (one γ for
    every head) against the float64 oracle (chunked): float16 ≤ 2e-3, bfloat16 ≤ 1e-2,
@@ -30,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 import leettriton  # noqa: E402
+from bench_model_shapes import SEED, _ms, time_in_rounds  # noqa: E402
 from leettriton import bench  # noqa: E402
 from leettriton.autotune import KERNELS  # noqa: E402
 
@@ -49,46 +54,72 @@ def run_speed(rep: common.Report, args, dtypes, decays, shapes, heads, r, d, rep
         # first shape, a config would be kept wherever it was chosen, e.g. at a host-bound 1 × 2048)
         for kernel in KERNELS.values():
             kernel.cache.clear()
-        rows += bench.run_grid(entries, dtypes=dtypes, batches=[batch], seqlens=[n], decays=decays, heads=heads, r=r,
-                               d=d, device=device, budget_s=args.budget_s, rep_ms=rep_ms, bandwidth=rep.bandwidth)
+        cell_rows = bench.run_grid(entries, dtypes=dtypes, batches=[batch], seqlens=[n], decays=decays, heads=heads,
+                                   r=r, d=d, device=device, budget_s=args.budget_s, rep_ms=rep_ms,
+                                   bandwidth=rep.bandwidth, seed=SEED)
+        if device.type == "cuda":
+            for dt in dtypes:
+                for decay in decays:
+                    time_in_rounds(cell_rows, entries, dt, batch, n, heads, r, d, device, OURS, decay=decay,
+                                   seed=SEED)
+        rows += cell_rows
     for row in rows:
         row["section"] = "speed"
     rep.rows.extend(rows)
+    speed_tables(rep, rows, [e.label for e in entries], dtypes, decays, shapes, heads, r, d)
 
+
+def speed_tables(rep: common.Report, rows, labels, dtypes, decays, shapes, heads, r, d) -> None:
+    """The speed section's tables and targets from its rows (``labels``: the entries', ours first).
+
+    Each of ours and fla counts with its lower time of the sweep and of its alternating rounds
+    (``bench_model_shapes._ms``); 'fla / best ours, kernels' divides fla's CUDA-graph replay by the fastest
+    replay of ours (``graph_ms``: auto's and the fastest other method's of the sweep, timed in rounds)."""
+    judged = rep.device.type == "cuda"
     for dt in dtypes:
         dname = bench.dtype_name(dt)
         for decay in decays:
             body = []
             speedups = []
             for batch, n in shapes:
-                get = {e.label: common.find(rows, method=e.label, dtype=dname, decay=decay, batch=batch, n=n)
-                       for e in entries}
-                ours = [get[m] for m in OURS if get[m] and get[m]["status"] == "ok" and get[m]["median_ms"]]
-                best = min(ours, key=lambda x: x["median_ms"]) if ours else None
-                fla = get.get(FLA)
+                get = {label: common.find(rows, method=label, dtype=dname, decay=decay, batch=batch, n=n)
+                       for label in labels}
+                ours = [get[m] for m in OURS if _ms(get[m])]
+                best = min(ours, key=_ms) if ours else None
+                t_fla = _ms(get.get(FLA))
                 speed = None
-                if best and fla and fla["median_ms"]:
-                    speed = fla["median_ms"] / best["median_ms"]
+                if best and t_fla:
+                    speed = t_fla / _ms(best)
                     speedups.append(speed)
+                replays = [get[m]["graph_ms"] for m in OURS if get[m] and get[m].get("graph_ms")]
+                g_fla = (get.get(FLA) or {}).get("graph_ms")
+                kernel_speed = g_fla / min(replays) if g_fla and replays else None
                 errs = [get[m]["rel_err"] for m in OURS if get[m] and get[m]["rel_err"] is not None]
                 floor = next(x["floor_ms"] for x in get.values() if x)
-                body.append([f"{batch} × {n}", *(common.cell(get.get(e.label)) for e in entries), common.fmt_ms(floor),
+                body.append([f"{batch} × {n}", *(common.cell(get.get(label)) for label in labels), common.fmt_ms(floor),
                              best["method"] if best else "—", "—" if speed is None else f"{speed:.2f}×",
-                             "—" if best is None else f"{best['ratio']:.1f}×",
+                             "—" if kernel_speed is None else f"{kernel_speed:.2f}×",
+                             "—" if best is None else f"{_ms(best) / floor:.1f}×",
                              common.fmt_err(max(errs)) if errs else "—"])
                 if batch == 16 and n == 8192 and dt == torch.float16:
+                    ratio = None if best is None else _ms(best) / floor
                     rep.target(f"best ours × memory floor, fp16 B=16 n=8192 {'decay' if decay else 'no decay'}",
-                               "—" if best is None else f"{best['ratio']:.2f}×", "≤ 3×",
-                               None if best is None or device.type != "cuda" else best["ratio"] <= 3.0)
+                               "—" if ratio is None else f"{ratio:.2f}×", "≤ 3×",
+                               None if ratio is None or not judged else ratio <= 3.0)
             rep.target(f"best ours vs fla chunk_simple_gla, {dname} {'decay' if decay else 'no decay'} (worst shape)",
                        "—" if not speedups else f"{min(speedups):.2f}× (best {max(speedups):.2f}×)", "≥ 1.5×",
-                       None if not speedups or device.type != "cuda" else min(speedups) >= 1.5)
+                       None if not speedups or not judged else min(speedups) >= 1.5)
             kind = "with decay" if decay else "without decay"
             rep.section(f"Speed, {dname}, {kind} — heads {heads}, r = {r}, d = {d}",
-                        ["batch × n", *(e.label for e in entries), "floor ms", "best ours", "fla / best ours",
-                         "best ours × floor", "ours max rel err"], body,
-                        "Median ms (do_bench, p20/p80 in the JSON rows). 'fla / best ours' > 1 means ours is faster. "
-                        "Errors against the float64 oracle on the rows' err_scope.")
+                        ["batch × n", *labels, "floor ms", "best ours", "fla / best ours",
+                         "fla / best ours, kernels", "best ours × floor", "ours max rel err"], body,
+                        "Median ms of the sweep (do_bench, p20/p80 in the JSON rows). 'best ours', 'fla / best ours' "
+                        "and 'best ours × floor' take each entry's lower time of the sweep and of five alternating "
+                        "rounds of auto, fla and the fastest other method of ours ('rounds_ms' in the JSON rows), "
+                        "each a call from Python, the host's time included. 'fla / best ours, kernels': the same "
+                        "calls each captured in a CUDA graph, the replays timed in five alternating rounds "
+                        "('graph_ms'): the kernels' time alone. 'fla / best ours' > 1 means ours is faster. Errors "
+                        "against the float64 oracle on the rows' err_scope.")
 
 
 def run_precision(rep: common.Report, args, dtypes, gammas, n, heads, r, d) -> None:

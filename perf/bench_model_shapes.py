@@ -76,14 +76,16 @@ def _ms(row) -> float | None:
     return min(times) if times else None
 
 
-def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) -> None:
-    """Time ``auto``, fla's kernel and the fastest other method of ours of one cell again, alternating
-    (:func:`confirm_rounds`), on the sweep's inputs (:data:`SEED`), and record each one's ``rounds_ms``;
-    then each one's call captured in a CUDA graph (``leettriton.bench.graph_replay``), its replays timed in
-    alternating rounds as well: ``graph_ms``, the kernels' time without the host's (where a capture fails,
-    ``graph_note`` says why and the others are still timed)."""
+def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods, decay: bool = True,
+                   seed: int = SEED) -> None:
+    """Time ``auto``, fla's kernel and the fastest other method of ours of one cell (with the per-head decay
+    of ``leettriton.bench.decay_gammas``, or none) again, alternating (:func:`confirm_rounds`), on the
+    sweep's inputs (``seed``: the sweep's), and record each one's ``rounds_ms``; then each one's call captured
+    in a CUDA graph (``leettriton.bench.graph_replay``), its replays timed in alternating rounds as well:
+    ``graph_ms``, the kernels' time without the host's (where a capture fails, ``graph_note`` says why and
+    the others are still timed)."""
     dname = bench.dtype_name(dt)
-    get = {e.label: common.find(rows, method=e.label, dtype=dname, batch=batch, n=n) for e in entries}
+    get = {e.label: common.find(rows, method=e.label, dtype=dname, decay=decay, batch=batch, n=n) for e in entries}
     ok = {label: row for label, row in get.items() if row and row["status"] == "ok" and row["median_ms"]}
     ours = [m for m in methods if m != "auto" and m in ok]
     pick = [m for m in ("auto", FLA) if m in ok]
@@ -91,8 +93,8 @@ def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods) ->
         pick.append(min(ours, key=lambda m: ok[m]["median_ms"]))
     if len(pick) < 2:
         return
-    b, c, v = bench.make_inputs(batch, heads, n, r, d, dt, device, seed=SEED)
-    gamma = bench.decay_gammas(heads, device)
+    b, c, v = bench.make_inputs(batch, heads, n, r, d, dt, device, seed=seed)
+    gamma = bench.decay_gammas(heads, device) if decay else None
     by_label = {e.label: e for e in entries}
     calls = {label: by_label[label].make(b, c, v, gamma) for label in pick}
     for label, ms in confirm_rounds(calls).items():

@@ -670,7 +670,8 @@ def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_e
         return bench.Entry(label, kind, lambda b, c, v, g, label=label: made.append((label, b)) or (lambda: label))
 
     def row(method, ms, kind="triton", status="ok"):
-        return dict(method=method, kind=kind, dtype="float16", batch=1, n=64, status=status, median_ms=ms)
+        return dict(method=method, kind=kind, dtype="float16", decay=True, batch=1, n=64, status=status,
+                    median_ms=ms)
 
     entries = [entry("auto", "auto"), entry("block_based", "triton"), entry("lightning_attention", "triton"),
                entry(mod.FLA, "peer"), entry("lightning_attn2", "peer")]
@@ -709,6 +710,59 @@ def test_bench_model_shapes_times_auto_fla_and_our_fastest_in_rounds_and_takes_e
     assert "rounds_ms" not in by["lightning_attention"] and "rounds_ms" not in by["lightning_attn2"]
     assert [mod._ms(by[m]) for m in ("auto", "block_based", "lightning_attention", mod.FLA)] == [1.0, 0.8, 1.2, 2.5]
     assert mod._ms(by["lightning_attn2"]) is None and mod._ms(None) is None
+
+
+def test_time_in_rounds_takes_the_cells_of_its_decay_and_their_inputs(monkeypatch):
+    """Without decay the rounds time the cell's rows without decay (not the decayed cell's, which share
+    dtype, batch and n) on calls made with no γ; with decay, the decayed rows, on the sweep's γ."""
+    mod = _script("bench_model_shapes")
+    made = []
+
+    def entry(label):
+        return bench.Entry(label, "triton", lambda b, c, v, g, label=label: made.append((label, g)) or (lambda: label))
+
+    rows = [dict(method=m, kind="triton", dtype="float16", decay=decay, batch=1, n=64, status="ok",
+                 median_ms=ms + (0 if decay else 10))
+            for decay in (True, False) for m, ms in (("auto", 1.0), ("block_based", 0.9), (mod.FLA, 3.0))]
+    monkeypatch.setattr(mod, "confirm_rounds", lambda calls: {label: 5.0 for label in calls})
+    monkeypatch.setattr(mod, "graph_replay", lambda fn: fn)
+    entries = [entry("auto"), entry("block_based"), entry(mod.FLA)]
+    mod.time_in_rounds(rows, entries, torch.float16, 1, 64, 2, 8, 4, "cpu", ["auto", "block_based"], decay=False)
+    assert [(r["decay"], "rounds_ms" in r, "graph_ms" in r) for r in rows] == [(True, False, False)] * 3 + [(False, True, True)] * 3
+    assert [g for _, g in made] == [None] * 3
+    made.clear()
+    mod.time_in_rounds(rows, entries, torch.float16, 1, 64, 2, 8, 4, "cpu", ["auto", "block_based"], decay=True)
+    assert all("rounds_ms" in r for r in rows)
+    assert all(torch.equal(g, bench.decay_gammas(2, "cpu")) for _, g in made) and len(made) == 3
+
+
+def test_bench_chunked_tables_take_each_entrys_lower_time_and_the_replays_for_the_kernels_column():
+    """'best ours' is the one of ours whose lower time of sweep and rounds is lowest (here auto, whose rounds
+    beat block_based's sweep, though its sweep did not), 'fla / best ours' divides fla's lower time by it,
+    and 'fla / best ours, kernels' divides fla's replay by the fastest replay of ours; a cell whose fla failed
+    has neither ratio."""
+    mod = _script("bench_chunked")
+    rep = mod.common.Report("bench_chunked_test", "test", [], torch.device("cpu"), False)
+
+    def row(method, ms, n, **extra):
+        return dict(method=method, dtype="float16", decay=True, batch=1, n=n, status="ok", median_ms=ms,
+                    floor_ms=0.5, rel_err=1e-4, p20_ms=ms, p80_ms=ms, **extra)
+
+    rows = [row("auto", 1.3, 64, rounds_ms=1.0, graph_ms=0.9), row("lightning_attention", 1.5, 64),
+            row("block_based", 1.2, 64, rounds_ms=1.25, graph_ms=0.8), row(mod.FLA, 3.2, 64, rounds_ms=3.0, graph_ms=2.0),
+            row("auto", 2.0, 128), row("lightning_attention", 2.2, 128), row("block_based", 2.1, 128),
+            dict(row(mod.FLA, None, 128), status="error")]
+    labels = ["auto", "lightning_attention", "block_based", mod.FLA]
+    mod.speed_tables(rep, rows, labels, [torch.float16], [True], [(1, 64), (1, 128)], 2, 8, 4)
+    lines = rep.sections[-1].splitlines()
+    cells = {line.split("|")[1].strip(): [x.strip() for x in line.split("|")[1:-1]]
+             for line in lines if line.startswith("| 1 × ")}
+    header = [x.strip() for x in next(line for line in lines if line.startswith("| batch × n")).split("|")[1:-1]]
+    at = header.index("best ours")
+    assert header[at:at + 4] == ["best ours", "fla / best ours", "fla / best ours, kernels", "best ours × floor"]
+    assert cells["1 × 64"][at:at + 4] == ["auto", "3.00×", "2.50×", "2.0×"]
+    assert cells["1 × 128"][at:at + 4] == ["auto", "—", "—", "4.0×"]
+    assert rep.targets[-1][:2] == ["best ours vs fla chunk_simple_gla, float16 decay (worst shape)", "3.00× (best 3.00×)"]
 
 
 @pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])

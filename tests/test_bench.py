@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -763,6 +764,33 @@ def test_bench_chunked_tables_take_each_entrys_lower_time_and_the_replays_for_th
     assert cells["1 × 64"][at:at + 4] == ["auto", "3.00×", "2.50×", "2.0×"]
     assert cells["1 × 128"][at:at + 4] == ["auto", "—", "—", "4.0×"]
     assert rep.targets[-1][:2] == ["best ours vs fla chunk_simple_gla, float16 decay (worst shape)", "3.00× (best 3.00×)"]
+
+
+def test_bench_chunked_times_every_cell_again_for_each_dtype_and_decay_on_a_gpu(monkeypatch):
+    """On a GPU every shape's sweep (on the rounds' seed) is followed by one ``time_in_rounds`` per dtype and
+    decay, over that shape's rows and ours; the measuring itself is stubbed here (no GPU)."""
+    mod = _script("bench_chunked")
+    rep = mod.common.Report("bench_chunked_test", "test", [], torch.device("cpu"), False)
+    rep.device = torch.device("cuda")   # the GPU branch
+
+    def run_grid(entries, *, dtypes, batches, seqlens, decays, seed, **_):
+        sweeps.append((batches[0], seqlens[0], seed))
+        return [dict(method=e.label, dtype=bench.dtype_name(dt), decay=decay, batch=batches[0], n=seqlens[0],
+                     status="ok", median_ms=1.0, floor_ms=0.5, rel_err=1e-4, p20_ms=1.0, p80_ms=1.0)
+                for dt in dtypes for decay in decays for e in entries]
+
+    def time_in_rounds(rows, entries, dt, batch, n, heads, r, d, device, methods, decay, seed):
+        assert {(row["batch"], row["n"]) for row in rows} == {(batch, n)}   # that shape's rows only
+        again.append((dt, decay, batch, n, seed, tuple(methods)))
+
+    sweeps, again = [], []
+    monkeypatch.setattr(mod.bench, "run_grid", run_grid)
+    monkeypatch.setattr(mod.bench, "peers", lambda *args, **kwargs: {})
+    monkeypatch.setattr(mod, "time_in_rounds", time_in_rounds)
+    dtypes, shapes = [torch.float16, torch.bfloat16], [(1, 64), (2, 32)]
+    mod.run_speed(rep, SimpleNamespace(budget_s=1.0), dtypes, [True, False], shapes, 2, 8, 4, 5)
+    assert sweeps == [(1, 64, mod.SEED), (2, 32, mod.SEED)]
+    assert again == [(dt, decay, b, n, mod.SEED, mod.OURS) for b, n in shapes for dt in dtypes for decay in (True, False)]
 
 
 @pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])

@@ -13,7 +13,12 @@ warps; ``python -m leettriton.autotune.compile`` reports registers and spills):
 * r tiles of 64 (of 32 only when r ≤ 32): 32-wide tiles at larger r spill
   hundreds of bytes with 64-row chunks (and one tile of all of r in the 8-warp walk, below);
 * r ≤ 128: chunks of 64 or 32 rows, value tiles up to 64 (at most a few dozen
-  bytes spilled outside the chunk loop, with an initial and a final state);
+  bytes spilled outside the chunk loop, with an initial and a final state).  128-wide value
+  tiles on 8 warps, as at r > 128, gained nothing at batch 1, where reading b and c once would
+  count most: such a program takes 1.7-1.8× a 64-wide one's time a row, and one a multiprocessor
+  it gets twice the segments, so a longer state pass (float16, 1 × 32 heads × 32 768: 0.553 against
+  0.524 ms on an H100, 0.481 against 0.459-0.483 on an H200; × 100 000: 1.57 against 1.60 and
+  1.455 against 1.442-1.458; perf/results/h100/walk_r128_8warps.log, perf/results/h200/walk_r128_8warps.log);
 * r > 128: 32-row chunks with value tiles up to 64 (4 warps), or 128-wide value tiles with 8 warps
   (two warpgroups, one program per multiprocessor; sm_90 only), in 32-row chunks (3 or 4 stages, no
   spill) or 64-row ones.  Tiles past 32 spill 100-500 B with 4 warps, and still run faster: at r = 256,

@@ -113,8 +113,8 @@ WIDE = [
     # on a GPU, RetNet-1.3B's layer at 1 × 8 heads × 2048: block_based's 8-warp walk in four segments of 512 rows (a
     # large state's shortest, methods/block_based/space.py), each walk summing up to three start states itself (the
     # interpreter's segments are 40 rows whatever the widths: the case above covers them there)
-    # and in bfloat16, where `auto` runs the point of h200.json measured apart (its 8-warp walk with all of r as one
-    # 32-row tile, three stages, four segments)
+    # and in bfloat16, where `auto` runs the point of h200.json measured apart (`block_based`'s 8-warp walk in 32-row
+    # chunks with all of r as one tile, three stages, in the rule's four segments)
     *([Case(1, 8, 2048, 256, 512, dtype=dt, gamma="tensor",
             gammas=(0.97, 0.99, 0.995, 0.999, 0.9, 0.999, 0.98, 1.0), return_state=True)
        for dt in (torch.float16, torch.bfloat16)] if HAS_GPU else []),

@@ -7,8 +7,11 @@
 ``measure`` times, with the leettriton found on ``sys.path`` (so any commit's tree can be
 measured by the same script): ``linear_attention`` with ``auto``, ``block_based`` and
 ``lightning_attention`` at the chunked bench's batch-1 and batch-16 shapes (heads 32,
-r = d = 128, float16 and bfloat16, decay 0.969 … 0.996 per head), and ``decode_step`` at
-batch 1 and 64.  Each cell is warmed up, then timed two ways:
+r = d = 128, float16 and bfloat16, decay 0.969 … 0.996 per head; ``--shapes`` and ``--layer``
+replace them, e.g. ``--layer 8x256x512 --shapes 1x2048,1x8192`` for RetNet-1.3B's layer), and
+``decode_step`` at batch 1 and 64 (not with ``--shapes``).  The shapes run in the order given,
+so an autotuned explicit method tunes at the first that meets its kernels' key, as a caller's would.
+Each cell is warmed up, then timed two ways:
 
 * ``gpu``: the call captured once in a CUDA graph, the graph's replay timed with
   ``triton.testing.do_bench`` (median): the kernels' time alone, whatever the host does;
@@ -17,9 +20,10 @@ batch 1 and 64.  Each cell is warmed up, then timed two ways:
 
 (``do_bench`` on the Python call itself mixes the two: it clears the L2 cache with a memset
 before each call, and whether the host issues the call within that memset decides whether it
-reports the kernels' time or the host's; at short shapes it swings between them from run to run.)  Run it with ``LEETTRITON_AUTOTUNE=0`` so that
-both trees launch their family's first config for the explicit methods (``auto``
-launches the heuristic file's).  ``compare`` prints after ÷ before per cell, and, given a
+reports the kernels' time or the host's; at short shapes it swings between them from run to run.)
+With ``LEETTRITON_AUTOTUNE=0`` (perf/ab_session.sh) both trees launch their family's first config for
+the explicit methods; without, the explicit methods autotune as a caller's would (``auto`` launches
+the heuristic file's either way).  ``compare`` prints after ÷ before per cell, and, given a
 second "before" run, before₂ ÷ before₁: the noise between two runs of the same code.
 """
 from __future__ import annotations
@@ -81,27 +85,30 @@ def _time(fn, rep_ms: int) -> dict:
     return dict(gpu_ms=q[0], gpu_p20=q[1], gpu_p80=q[2], wall_ms=wall, calls=calls)
 
 
-def measure(label: str, path: str, rep_ms: int, decode_only: bool = False) -> None:
+def measure(label: str, path: str, rep_ms: int, decode_only: bool = False, shapes=None, layer=None) -> None:
     import torch
     import triton
 
     import leettriton
 
     dev = "cuda"
-    gamma = 1 - torch.exp2(-5 - torch.arange(HEADS, device=dev, dtype=torch.float32) * 3 / (HEADS - 1))
+    heads, r, d = layer or (HEADS, R, D)
+    gamma = 1 - torch.exp2(-5 - torch.arange(heads, device=dev, dtype=torch.float32) * 3 / max(1, heads - 1))
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
-        for batch, n in ([] if decode_only else SHAPES):
+        for batch, n in ([] if decode_only else shapes or SHAPES):
             gen = torch.Generator(device=dev).manual_seed(n + batch)
-            b, c = (torch.randn(batch, HEADS, n, R, device=dev, generator=gen, dtype=dtype) * R ** -0.5
+            b, c = (torch.randn(batch, heads, n, r, device=dev, generator=gen, dtype=dtype) * r ** -0.5
                     for _ in range(2))
-            v = torch.randn(batch, HEADS, n, D, device=dev, generator=gen, dtype=dtype)
+            v = torch.randn(batch, heads, n, d, device=dev, generator=gen, dtype=dtype)
             for method in METHODS:
                 fn = lambda: leettriton.linear_attention(b, c, v, gamma, method=method)  # noqa: E731
                 rows.append(dict(kind="prefill", dtype=str(dtype)[6:], batch=batch, n=n, method=method,
-                                 **_time(fn, rep_ms)))
+                                 **({} if layer is None else dict(heads=heads, r=r, d=d)), **_time(fn, rep_ms)))
                 print(f"{label} {rows[-1]}", flush=True)
             del b, c, v
+        if shapes is not None:
+            continue
         for batch in (DECODE_ONLY_BATCHES if decode_only else DECODE_BATCHES):
             gen = torch.Generator(device=dev).manual_seed(batch)
             b_t, c_t = (torch.randn(batch, HEADS, R, device=dev, generator=gen, dtype=dtype) * R ** -0.5
@@ -121,7 +128,8 @@ def measure(label: str, path: str, rep_ms: int, decode_only: bool = False) -> No
 def _cells(path: str, what: str) -> tuple[dict, dict]:
     with open(path) as f:
         data = json.load(f)
-    return data["env"], {(r["kind"], r["dtype"], r["batch"], r["n"], r["method"]): r[what] for r in data["rows"]}
+    return data["env"], {(r["kind"], r["dtype"], r.get("heads", HEADS), r.get("r", R), r.get("d", D), r["batch"],
+                          r["n"], r["method"]): r[what] for r in data["rows"]}
 
 
 def compare(before: str, after: str, before2: str | None, md: str | None) -> None:
@@ -134,17 +142,18 @@ def compare(before: str, after: str, before2: str | None, md: str | None) -> Non
         lines = [f"### {title}", "",
                  f"{env_a['device']} (torch {env_a['torch']}, triton {env_a['triton']}): before = {env_b['label']}, "
                  f"after = {env_a['label']}" + (", before₂ = a second run of before" if b2 else ""), "",
-                 "| kind | dtype | batch × n | method | before ms | after ms | after ÷ before |"
+                 "| kind | dtype | heads × r × d | batch × n | method | before ms | after ms | after ÷ before |"
                  + (" before₂ ÷ before |" if b2 else ""),
-                 "|---|---|---|---|---|---|---|" + ("---|" if b2 else "")]
+                 "|---|---|---|---|---|---|---|---|" + ("---|" if b2 else "")]
         ratios, noise = [], []
         for key in b:
             if key not in a or a[key] is None or b[key] is None:
                 continue
-            kind, dtype, batch, n, method = key
+            kind, dtype, heads, r, d, batch, n, method = key
             ratio = a[key] / b[key]
             ratios.append(ratio)
-            row = f"| {kind} | {dtype} | {batch} × {n} | {method} | {b[key]:.4f} | {a[key]:.4f} | {ratio:.3f} |"
+            row = (f"| {kind} | {dtype} | {heads} × {r} × {d} | {batch} × {n} | {method} | {b[key]:.4f} | "
+                   f"{a[key]:.4f} | {ratio:.3f} |")
             if b2 and b2.get(key) is not None:
                 noise.append(b2[key] / b[key])
                 row += f" {noise[-1]:.3f} |"
@@ -169,6 +178,8 @@ def main(argv=None) -> None:
     m.add_argument("--json", required=True)
     m.add_argument("--rep-ms", type=int, default=200)
     m.add_argument("--decode-only", action="store_true", help="decode_step alone, at batch 1, 16, 64 and 256")
+    m.add_argument("--shapes", help="batch × n list, e.g. 1x2048,1x8192, in the order to run (no decode_step)")
+    m.add_argument("--layer", help="heads × r × d, e.g. 8x256x512 (default 32x128x128)")
     c = sub.add_parser("compare")
     c.add_argument("before")
     c.add_argument("after")
@@ -176,7 +187,9 @@ def main(argv=None) -> None:
     c.add_argument("--md")
     args = ap.parse_args(argv)
     if args.cmd == "measure":
-        measure(args.label, args.json, args.rep_ms, args.decode_only)
+        shapes = None if not args.shapes else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+        layer = None if not args.layer else tuple(int(x) for x in args.layer.split("x"))
+        measure(args.label, args.json, args.rep_ms, args.decode_only, shapes, layer)
     else:
         compare(args.before, args.after, args.before2, args.md)
 

@@ -1,6 +1,7 @@
 """Families, config spaces and the autotune wrapper (no GPU needed)."""
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -130,8 +131,10 @@ def test_segment_state_space_on_sm90_holds_all_of_r_in_one_tile_only_past_128():
 
 def test_block_based_segments_follow_the_walk_config_s_occupancy():
     """A walk config that leaves room for one program per SM gets segments for one program per SM (half
-    as many, twice as long); the autotuner times a segmented walk only with configs of the reference
-    occupancy, and the tuner times the others pinned, each with its own segments."""
+    as many, twice as long).  An autotuned walk is cut for the class the tuner chose (on sm_90, 16-bit,
+    r = 128: one program a multiprocessor) and times only that class's configs, so that its choice, kept
+    for every n, never runs under segments cut for another occupancy; the tuner times the others pinned,
+    each with its own segments."""
     from leettriton.methods.block_based import space as bb
     from leettriton.problem import make_problem
 
@@ -139,48 +142,104 @@ def test_block_based_segments_follow_the_walk_config_s_occupancy():
     two = dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=2)    # 80 KB of tiles at r = d = 128
     one = dict(BT=64, BK=64, BV=64, num_warps=4, num_stages=3)    # 120 KB: one program per SM
     wide = dict(BT=64, BK=64, BV=128, num_warps=8, num_stages=2)  # 8 warps of 255 registers
-    assert bb.programs_per_sm(None, 128, 2, h100) == bb.PROGRAMS_PER_SM == 2
     assert [bb.programs_per_sm(cfg, 128, 2, h100) for cfg in (two, one, wide)] == [2, 1, 1]
     assert bb.programs_per_sm(one, 64, 2, h100) == 2                 # narrower b and c tiles: two fit
+    # the class an autotuned walk is cut for: one program a multiprocessor on sm_90 at 16-bit r = 128 (64-wide
+    # tiles) and r = 256 (128-wide, where d has them); two elsewhere
+    assert bb.reference_walk(128, 128, 2, h100) == bb.walk_class(one, 128, 128, 2, h100) == (64, 1)
+    assert bb.reference_walk(256, 512, 2, h100) == bb.walk_class(wide, 256, 512, 2, h100) == (128, 1)
+    assert bb.reference_walk(128, 128, 2, FAMILIES["h200"]) == (64, 1)
+    assert bb.reference_walk(128, 32, 2, h100) == (32, 1)
+    assert [bb.one_per_sm_reference(*args) for args in ((64, 64, 2, h100), (128, 128, 4, h100), (256, 64, 2, h100),
+                                                        (128, 128, 2, FAMILIES["a100"]))] == [None] * 4
+    assert bb.reference_walk(64, 64, 2, h100) == bb.reference_walk(128, 128, 2, FAMILIES["a100"]) == (64, 2)
     # 1 × 32 heads × 32 768: 64 walks (value tiles × heads), 132 SMs
-    assert bb.segment_length(32, 32768, 128, 128, 2, h100, two) == bb.segment_length(32, 32768, 128, 128, 2, h100) == 8192
-    assert bb.segment_length(32, 32768, 128, 128, 2, h100, one) == 16384
+    assert bb.segment_length(32, 32768, 128, 128, 2, h100, two) == 8192
+    assert bb.segment_length(32, 32768, 128, 128, 2, h100, one) == bb.segment_length(32, 32768, 128, 128, 2, h100) \
+        == 16384
+    assert bb.segment_length(32, 32768, 128, 128, 4, h100) == 8192   # float32: cut for two a multiprocessor
 
     # the state pass: one segment but the last at one program per SM gives 32 heads × 2 tiles (of 128 × 64)
     # = 64 programs, cut into 8 pieces for 2 per SM; three at two per SM, 192 programs, into 2
-    assert bb.segmenting(32, 32768, 128, 128, 2, h100, one) == (16384, 8)
+    assert bb.segmenting(32, 32768, 128, 128, 2, h100, one) == bb.segmenting(32, 32768, 128, 128, 2, h100) == (16384, 8)
     assert bb.segmenting(32, 32768, 128, 128, 2, h100, two) == (8192, 2)
     # pieces of at least MIN_STATE_PIECE rows (none at 4 segments of 1024); segments rounded up to whole
     # pieces of SEGMENT_ALIGN rows (50 000 to 50 176 = 8 × 49 × 128)
     assert bb.segmenting(32, 4096, 128, 128, 2, h100, two) == (1024, 1)
-    assert bb.segmenting(32, 100000, 128, 128, 2, h100, one) == (50176, 8)
+    assert bb.segmenting(32, 100000, 128, 128, 2, h100, one) == bb.segmenting(32, 100000, 128, 128, 2, h100) \
+        == (50176, 8)
     # RetNet-1.3B at 1 × 8192 (8 heads, r = 256, d = 512): 3 × 8 × 2 × 8 = 384 state programs, no pieces
-    assert bb.segmenting(8, 8192, 256, 512, 2, h100) == (2048, 1)
+    assert bb.segmenting(8, 8192, 256, 512, 2, h100) == bb.segmenting(8, 8192, 256, 512, 2, h100, wide) == (2048, 1)
     assert bb.schedule(make_problem(*(torch.empty(1, 32, 32768, 128, dtype=torch.float16) for _ in range(3)))[0],
-                       h100, {bb.FWD.name: one}) == dict(seg_len=16384, split=8, prefix=False)
+                       h100, {bb.FWD.name: two}) == dict(seg_len=8192, split=2, prefix=False)
 
     v = torch.empty(1, dtype=torch.float16)
     ws = torch.empty(1, 32, 4, 1, 1)   # the walk's workspace, (B, H, NS, r, d): batch·heads 32
-    seg = {"R": 128, "D": 128, "N": 32768, "SEG": 8192, "v_ptr": v, "ws_ptr": ws, "DOT_PRECISION": "ieee",
+    seg = {"R": 128, "D": 128, "N": 32768, "SEG": 16384, "v_ptr": v, "ws_ptr": ws, "DOT_PRECISION": "ieee",
            "SEGMENTED": True}
-    assert bb.FWD.trial(two, seg, h100) and not bb.FWD.trial(one, seg, h100)
-    assert bb.FWD.trial(one, {**seg, "SEGMENTED": False}, h100)     # one segment: every config is timed
-    # 1 × 32 heads × 2048: two segments either way (of at least MIN_SEGMENT rows): both are timed
+    assert bb.FWD.trial(one, seg, h100) and not bb.FWD.trial(two, seg, h100)
+    assert bb.FWD.trial(two, {**seg, "SEGMENTED": False}, h100)     # one segment: every config is timed
+    # 1 × 32 heads × 2048: two segments either way (of at least MIN_SEGMENT rows), but a config of the other
+    # class would get other segments at a longer n, where the autotuner's choice is kept: only the cut's class
     short = {**seg, "N": 2048, "SEG": 1024}
-    assert bb.segment_length(32, 2048, 128, 128, 2, h100) == 1024 and bb.FWD.trial(one, short, h100)
+    assert bb.segment_length(32, 2048, 128, 128, 2, h100) == bb.segment_length(32, 2048, 128, 128, 2, h100, two) \
+        == 1024
+    assert bb.FWD.trial(one, short, h100) and not bb.FWD.trial(two, short, h100)
+    # where the cut names no class, every config that gets the launch's segments is timed
+    r64 = {**seg, "R": 64, "D": 64, "N": 8192, "SEG": bb.segment_length(32, 8192, 64, 64, 2, h100)}
+    timed_r64 = [cfg for cfg in bb.FWD.usable(h100, r64) if bb.FWD.trial(cfg, r64, h100)]
+    assert {cfg["num_stages"] for cfg in timed_r64 if cfg["BT"] == 64} == {2, 3, 4}
 
     b, c = (torch.empty(1, 2, 131072, 128, dtype=torch.float16) for _ in range(2))
     p, _ = make_problem(b, c, torch.empty(1, 2, 131072, 128, dtype=torch.float16), None)
     alternatives = [a["block_based.fwd"] for a in bb.alternatives(p, h100)]
-    assert one in alternatives and two not in alternatives
-    assert dict(two, BV=32) in alternatives                          # 32-wide value tiles: other segments too
+    assert two in alternatives and one not in alternatives
+    assert dict(one, BV=32) in alternatives                          # 32-wide value tiles: other segments too
     # the alternatives are exactly the usable configs the autotuner does not time under the reference segments
     usable = bb.FWD.usable(h100, {"R": 128, "D": 128, "v_ptr": v, "DOT_PRECISION": "ieee"})
     launch = {**seg, "N": 131072, "SEG": bb.segment_length(2, 131072, 128, 128, 2, h100),
               "ws_ptr": torch.empty(1, 2, 1, 1, 1)}
     assert sorted(map(str, alternatives)) == sorted(str(cfg) for cfg in usable if not bb.FWD.trial(cfg, launch, h100))
-    short, _ = make_problem(b[:, :, :2048], c[:, :, :2048], b[:, :, :2048], None)
-    assert bb.alternatives(short, h100) == []                          # one segment either way
+    # 2 × 32 heads × 2048: one segment for one program a multiprocessor (128 walks), two for two: those configs
+    # are timed pinned, with their two segments
+    wide_batch = torch.empty(2, 32, 2048, 128, dtype=torch.float16)
+    many, _ = make_problem(wide_batch, wide_batch, wide_batch, None)
+    assert bb.segment_length(64, 2048, 128, 128, 2, h100) == 2048
+    pinned = [a["block_based.fwd"] for a in bb.alternatives(many, h100)]
+    assert two in pinned and one not in pinned
+    assert all(bb.segment_length(64, 2048, 128, 128, 2, h100, cfg) < 2048 for cfg in pinned)
+    assert bb.alternatives(make_problem(b[:, :, :2048], c[:, :, :2048], b[:, :, :2048], None)[0],
+                           FAMILIES["cpu"]) == []                   # the interpreter's segments take no config
+
+
+def test_block_based_cut_for_a_class_always_has_configs_of_it_to_time():
+    """Wherever an autotuned walk is cut for a class of configs (one_per_sm_reference), some config that fits
+    the launch is of that class and gets its segments: the autotuner never falls back to configs cut for
+    another occupancy.  Over widths powers of two and not (r up to one walk's 256: wider runs in pieces of it), both
+    16-bit dtypes, batch 1 to 64 heads."""
+    from leettriton.kernels.abi import problem_args
+    from leettriton.methods.block_based import space as bb
+    from leettriton.problem import make_problem
+
+    checked = 0
+    for family in (FAMILIES["h100"], FAMILIES["h200"]):
+        for dtype in (torch.float16, torch.bfloat16):
+            for r, d in itertools.product((80, 128, 200, 256), (16, 100, 128, 512, 1024)):
+                for bh, n in ((1, 8192), (8, 8192), (32, 32768), (64, 65536)):
+                    if bb.one_per_sm_reference(r, d, 2, family) is None:
+                        continue
+                    seg = bb.segment_length(bh, n, r, d, 2, family)
+                    if seg >= n:
+                        continue
+                    b = torch.empty(1, 1, 1, r, dtype=dtype).expand(1, bh, n, r)
+                    v = torch.empty(1, 1, 1, d, dtype=dtype).expand(1, bh, n, d)
+                    p, _ = make_problem(b, b, v, None)
+                    args = {**problem_args(p), "SEGMENTED": True, "SEG": seg, "ws_ptr": torch.empty(1, bh, 1, 1, 1)}
+                    timed = [cfg for cfg in bb.FWD.usable(family, args) if bb.FWD.trial(cfg, args, family)]
+                    assert timed, (family.name, dtype, r, d, bh, n)
+                    assert {bb.walk_class(cfg, r, d, 2, family) for cfg in timed} == {bb.reference_walk(r, d, 2, family)}
+                    checked += 1
+    assert checked > 100
 
 
 def test_block_based_small_states_take_shorter_segments_while_the_walk_sums_its_start_states():

@@ -958,3 +958,22 @@ def test_ab_compare_reports_a_capture_that_recorded_no_work_as_failed(monkeypatc
     row = mod._time(lambda: None, rep_ms=1)
     assert (row["gpu_ms"], row["gpu_p20"], row["gpu_p80"]) == (None, None, None) and row["calls"] >= 20
     assert "graph capture failed: RuntimeError: the capture recorded no work" in capsys.readouterr().out
+
+
+def test_ab_compare_keys_cells_by_their_layer(tmp_path, capsys):
+    """perf/ab_compare.py compares cells of the same layer only: rows of ``--layer`` runs carry heads, r and d,
+    rows without them are the default layer's, and each table row names its layer."""
+    mod = _script("ab_compare")
+
+    def run(path, rows):
+        path.write_text(json.dumps(dict(env=dict(label=path.stem, device="GPU", torch="t", triton="t"), rows=rows)))
+        return str(path)
+
+    cell = dict(kind="prefill", dtype="float16", batch=1, n=8192, method="block_based", wall_ms=1.0)
+    before = run(tmp_path / "before.json", [dict(cell, gpu_ms=0.2), dict(cell, heads=8, r=256, d=512, gpu_ms=0.4)])
+    after = run(tmp_path / "after.json", [dict(cell, heads=32, r=128, d=128, gpu_ms=0.1),
+                                          dict(cell, heads=8, r=256, d=512, gpu_ms=0.3)])
+    mod.compare(before, after, None, None)
+    out = capsys.readouterr().out
+    assert "| prefill | float16 | 32 × 128 × 128 | 1 × 8192 | block_based | 0.2000 | 0.1000 | 0.500 |" in out
+    assert "| prefill | float16 | 8 × 256 × 512 | 1 × 8192 | block_based | 0.4000 | 0.3000 | 0.750 |" in out

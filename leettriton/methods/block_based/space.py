@@ -22,16 +22,22 @@ from ..lightning_attention.space import walk_space
 
 
 def _trial(config: Mapping[str, int], args: Mapping[str, Any], family: Family) -> bool:
-    """The autotuner times a segmented walk under segments it cut without a config (for
-    ``PROGRAMS_PER_SM`` programs per multiprocessor): only the configs that would get the same
-    segments.  The others get their own segments when pinned; the tuner times them so
+    """The autotuner times a segmented walk, cut without a config (:func:`reference_walk`), only with the
+    configs that get the same segments, and where the cut names a class (:func:`one_per_sm_reference`), only
+    with that class's (value-tile width and programs per multiprocessor).  Its choice is kept for every n of
+    its key, and a config of the same class gets the same segments at every n, so there the choice never runs
+    under segments cut for another occupancy (a one-program config under segments for two leaves half its
+    programs to a second wave).  The others run only when pinned; the tuner times them so
     (:func:`alternatives`)."""
-    if not args.get("SEGMENTED"):
+    if not args.get("SEGMENTED") or family.name == "cpu":   # the interpreter's segments take no config
         return True
     ws = args["ws_ptr"]   # (B, H, NS, r, d): the segments' states
-    segments = segment_length(ws.shape[0] * ws.shape[1], args["N"], args["R"], args["D"], elem_bytes(args), family,
-                              config)
-    return segments == args["SEG"]
+    r, d, itemsize = args["R"], args["D"], elem_bytes(args)
+    segments = segment_length(ws.shape[0] * ws.shape[1], args["N"], r, d, itemsize, family, config)
+    if segments != args["SEG"]:
+        return False
+    return one_per_sm_reference(r, d, itemsize, family) is None or \
+        walk_class(config, r, d, itemsize, family) == reference_walk(r, d, itemsize, family)
 
 
 FWD = dataclasses.replace(walk_space("block_based.fwd"), trial=_trial)
@@ -103,17 +109,54 @@ multi-segment path, and not a multiple of the interpreter's 16-row chunk, so
 that segment ends cut chunks short."""
 
 REFERENCE_BV = 64
-"""Value-tile width the segment count assumes when no config is pinned (while
-the walk is autotuned): the width the tuner picks at r = d = 128 on sm_90.
+"""Value-tile width the segment count assumes when no config is pinned (while the walk is autotuned),
+where :func:`reference_walk` names no other: the width the tuner picks at r = d = 128 on sm_90.
 Assuming 32 there halved the segments the tuned 64-wide walk then ran with (one
 program per SM instead of two): 2.77 ms at 1 × 32 heads × 100 000 in float16
 with decay, against 2.48 ms with the segment count of its own width
 (perf/results/h100/walk_configs.log, where 32-wide tiles took 4.68 ms)."""
 
+ONE_PER_SM_FAMILIES = ("h100", "h200")
+"""Families (sm_90) whose 16-bit walks at r > 64 are cut, while autotuned, for one program a multiprocessor
+(:func:`reference_walk`)."""
 
-def programs_per_sm(config: Optional[Mapping[str, int]], r: int, itemsize: int, family: Family) -> int:
+
+def reference_walk(r: int, d: int, itemsize: int, family: Family) -> tuple[int, int]:
+    """(value-tile width, walk programs per multiprocessor) that a segmented walk is cut for when its config
+    is not pinned: :func:`one_per_sm_reference`'s class, or else ``REFERENCE_BV`` and ``PROGRAMS_PER_SM``."""
+    bv = one_per_sm_reference(r, d, itemsize, family)
+    return (bv, 1) if bv is not None else (min(REFERENCE_BV, pow2(d)), PROGRAMS_PER_SM)
+
+
+def one_per_sm_reference(r: int, d: int, itemsize: int, family: Family) -> Optional[int]:
+    """The value-tile width of the one-program-a-multiprocessor class that an autotuned walk of these widths
+    is cut for and autotunes within (:func:`_trial`), or None where it is cut for ``PROGRAMS_PER_SM`` and times
+    every config that gets those segments.
+
+    The class the tuner chose where it timed every config under its own segments: on sm_90, 16-bit inputs,
+    64-wide tiles, one program a multiprocessor (64-row chunks with 3 or 4 stages) at 64 < r ≤ 128, and
+    128-wide tiles on 8 warps at r > 128 (d ≥ 128).  Of the segmented block_based points at r = d = 128,
+    h200.json chose 64-wide tiles, one program a multiprocessor, at 62 of 62 and h100.json at 57 of 62; at
+    r = 256, d = 512 the 8-warp 128-wide walk at 29 of 31 and 10 of 12.  Cut for two programs a
+    multiprocessor, the autotuned walk at r = d = 128 took 0.169 ms at 1 × 32 heads × 8192 and 1.77 at
+    × 100 000 (float16, decay, H200), where the file's one-program walk took 0.131 and 1.42
+    (perf/results/h200/bench_chunked_batch1.md)."""
+    rp = pow2(min(r, WALK_MAX_R))
+    if family.name not in ONE_PER_SM_FAMILIES or itemsize != 2 or rp <= 64:
+        return None
+    if rp <= 128:
+        return min(REFERENCE_BV, pow2(d))
+    return 128 if d >= 128 else None
+
+
+def walk_class(config: Mapping[str, int], r: int, d: int, itemsize: int, family: Family) -> tuple[int, int]:
+    """(value-tile width, walk programs per multiprocessor) of a walk ``config``: what its segments depend on."""
+    return min(config["BV"], pow2(d)), programs_per_sm(config, r, itemsize, family)
+
+
+def programs_per_sm(config: Mapping[str, int], r: int, itemsize: int, family: Family) -> int:
     """Walk programs of ``config`` that one multiprocessor holds at once, at most ``PROGRAMS_PER_SM``
-    (that many without a config: the autotuner's trials).
+    (an autotuned walk's segments assume :func:`reference_walk`'s).
 
     Registers: ``WALK_REGISTERS`` per thread, so 8 warps leave room for one program.  Shared memory:
     the pipelined tiles, ``num_stages`` copies of the BT-row tiles of b, c (r wide, or the width of
@@ -123,8 +166,6 @@ def programs_per_sm(config: Optional[Mapping[str, int]], r: int, itemsize: int, 
     two), and 112 KB where it counts 144 KB (BT 32, 4 stages, r = 256: counted as one, though two
     would fit).  Whatever it counts, the tuner times each config under the segments it gets here.
     """
-    if not config:
-        return PROGRAMS_PER_SM
     by_registers = REGISTERS_PER_SM // (WALK_REGISTERS * 32 * config["num_warps"])
     tiles = config["num_stages"] * config["BT"] * (2 * pow2(min(r, WALK_MAX_R)) + config["BV"]) * itemsize
     return max(1, min(PROGRAMS_PER_SM, by_registers, family.smem_per_block // tiles))
@@ -152,9 +193,9 @@ def segmenting(batch_heads: int, n: int, r: int, d: int, itemsize: int, family: 
     if family.name == "cpu":
         seg_len = min(n, INTERPRETER_SEGMENT)
         return seg_len, state_split(batch_heads, n, r, d, seg_len, family)
-    bv = min((config or {}).get("BV", REFERENCE_BV), pow2(d))
+    bv, per_sm = walk_class(config, r, d, itemsize, family) if config else reference_walk(r, d, itemsize, family)
     programs = batch_heads * cdiv(d, bv)
-    seg_len = shared_segment_length(n, programs, family, programs_per_sm=programs_per_sm(config, r, itemsize, family),
+    seg_len = shared_segment_length(n, programs, family, programs_per_sm=per_sm,
                                     min_segment=min_segment(n, r, d), align=SEGMENT_ALIGN)
     if r * d >= LARGE_STATE:   # shorter segments, as far as one walk program a multiprocessor (LARGE_STATE)
         seg_len = min(seg_len, shared_segment_length(n, programs, family, programs_per_sm=1,
@@ -234,14 +275,20 @@ def state_pieces(schedule: Mapping[str, Any], n: int) -> tuple[int, int]:
 
 
 def alternatives(p: Problem, family: Family) -> list[dict]:
-    """The walk configs the tuner times pinned, with their own segments (``Method.alternatives``): the
-    complement of :func:`_trial`, every config that fits ``p`` and gets other segments than the ones
-    the autotuner times under (one program per SM, or another value-tile width than ``REFERENCE_BV``)."""
+    """The walk configs the tuner times pinned, with their own segments (``Method.alternatives``): every
+    config that fits ``p`` and that the autotuner does not time under the segments cut for
+    :func:`reference_walk` (:func:`_trial`): every config that gets other segments, and where those are more
+    than one and the cut names a class (:func:`one_per_sm_reference`), every config of another class."""
+    if family.name == "cpu":   # the interpreter's segments take no config
+        return []
     B, H, n, r, d = p.shape
     itemsize = p.v.element_size()
     reference = segment_length(B * H, n, r, d, itemsize, family)
-    if reference >= n:
-        return []
+    cut, fixed = reference_walk(r, d, itemsize, family), one_per_sm_reference(r, d, itemsize, family) is not None
     args = {**problem_args(p), "SEGMENTED": True}
-    return [{FWD.name: cfg} for cfg in FWD.usable(family, args)
-            if segment_length(B * H, n, r, d, itemsize, family, cfg) != reference]
+    others = []
+    for cfg in FWD.usable(family, args):
+        own = segment_length(B * H, n, r, d, itemsize, family, cfg)
+        if own != reference or (reference < n and fixed and walk_class(cfg, r, d, itemsize, family) != cut):
+            others.append({FWD.name: cfg})
+    return others

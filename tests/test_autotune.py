@@ -237,9 +237,39 @@ def test_block_based_cut_for_a_class_always_has_configs_of_it_to_time():
                     args = {**problem_args(p), "SEGMENTED": True, "SEG": seg, "ws_ptr": torch.empty(1, bh, 1, 1, 1)}
                     timed = [cfg for cfg in bb.FWD.usable(family, args) if bb.FWD.trial(cfg, args, family)]
                     assert timed, (family.name, dtype, r, d, bh, n)
-                    assert {bb.walk_class(cfg, r, d, 2, family) for cfg in timed} == {bb.reference_walk(r, d, 2, family)}
+                    classes = {bb.walk_class(cfg, r, d, 2, family) for cfg in timed}
+                    assert classes == {bb.reference_walk(r, d, 2, family)}
                     checked += 1
     assert checked > 100
+
+
+def test_segment_state_pass_is_tuned_apart_by_its_size_class():
+    """The segment-state kernel's autotune key holds its pass's size class (pass_wave: its programs at 128 × 128
+    tiles per multiprocessor, in powers of two from an eighth of a wave to two waves), never n: a tile chosen for
+    a pass of a quarter of a wave is not kept for one of two.  Every launch of the kernel carries its class."""
+    import leettriton
+    from leettriton.autotune import current_family, recording
+    from leettriton.kernels import segments, segments_space as sp
+
+    h200 = FAMILIES["h200"]
+    assert "WAVE" in segments._segment_state_kernel.key_names
+    assert not {"N", "SEG", "NL", "NS"} & set(segments._segment_state_kernel.key_names)
+    # 1 × 32 heads, r = d = 128: 32 sums at 2048 rows (two segments), 64 at 4096, 128 at 8192, 256 from 32 768 (in
+    # pieces); many more at larger batch
+    assert [sp.pass_wave(sums, 128, 128, h200) for sums in (32, 64, 128, 256, 1024)] == [-3, -2, -1, 0, 1]
+    # RetNet-1.3B's layer at 1 × 8192: 3 segments × 8 heads, 2 × 4 tiles of 128 × 128, 192 programs
+    assert sp.pass_wave(24, 256, 512, h200) == 0
+    assert sp.pass_wave(1, 16, 16, h200) == -3 and sp.pass_wave(10 ** 6, 64, 64, h200) == 1
+
+    b, c, v = (torch.randn(1, 2, 200, 32, device=DEVICE) for _ in range(3))
+    with recording() as log:
+        leettriton.linear_attention(b, c, v, torch.tensor([0.9, 0.99], device=DEVICE), method="block_based")
+        leettriton.linear_attention(b, c, v, method="vanilla", return_state=True)   # the final state, directly
+    passes = [args for kernel, args in log if kernel is segments._segment_state_kernel]
+    assert [args["DIRECT"] for args in passes] == [False, True]
+    family = current_family(v.device)
+    assert [args["WAVE"] for args in passes] == [sp.pass_wave(2 * passes[0]["NL"], 32, 32, family),
+                                                  sp.pass_wave(2, 32, 32, family)]
 
 
 def test_block_based_small_states_take_shorter_segments_while_the_walk_sums_its_start_states():

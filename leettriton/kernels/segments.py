@@ -28,22 +28,24 @@ import triton.language as tl
 from ..problem import Problem
 from ..autotune import autotune
 from ..autotune.configs import CompiledLaunches
+from ..autotune.families import current_family
 from . import segments_space as spaces
 from ..autotune.sizing import cdiv
 from .abi import (batch_head, decay, head_log2_gamma, head_ptr, load_tile, low_part, mma, problem_args, round_to,
                   store_tile, two_part)
 
-_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART"]
+_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART", "WAVE"]
 
 
 @autotune(spaces.STATE, key=_KEY)
-@triton.jit(do_not_specialize=["N", "SEG", "NL"])
+@triton.jit(do_not_specialize=["N", "SEG", "NL", "WAVE"])
 def _segment_state_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NL,
+    ws_ptr, SEG, NS, NL, WAVE,
     DIRECT: tl.constexpr, TWO_PART: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
+    # WAVE: the pass's size class, read by its autotuner only (segments_space.pass_wave)
     # batch·heads × the NL ≤ NS segments computed on the grid's first axis (the others are limited to
     # 65535); 64-bit batch and head offsets (16 × 32 × 100 000 × 128 elements overflow 32 bits)
     i_bhl = tl.program_id(0)
@@ -138,13 +140,19 @@ _STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _POINTERS)
 _SCAN_LAUNCHES = CompiledLaunches(_segment_scan_kernel, _POINTERS)
 
 
+def _wave(p: Problem, sums: int) -> int:
+    """:func:`segments_space.pass_wave` of a state pass of ``sums`` local states of ``p``, on its device's family."""
+    B, H, n, r, d = p.shape
+    return spaces.pass_wave(sums, r, d, current_family(p.v.device))
+
+
 def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     """Write the final state γ^n S₀ + Σ_j γ^(n−1−j) c_jᵀ v_j into ``p.state``."""
     B, H, n, r, d = p.shape
     grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     _STATE_LAUNCHES.launch_args(grid, (config or {}).get(spaces.STATE.name),
                                 dict(problem_args(p), ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True,
-                                     TWO_PART=two_part(p)), B)
+                                     TWO_PART=two_part(p), WAVE=_wave(p, B * H)), B)
 
 
 def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None, *,
@@ -166,7 +174,8 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
             grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
             p.keep_launch(mark, _STATE_LAUNCHES.launch_args(
                 grid, (config or {}).get(spaces.STATE.name),
-                dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False, TWO_PART=two_part(p)), B))
+                dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False, TWO_PART=two_part(p),
+                     WAVE=_wave(p, B * H * nl)), B))
     return ws
 
 

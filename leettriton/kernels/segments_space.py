@@ -1,6 +1,8 @@
 """Configs of the segment-state kernels (kernels/segments.py)."""
 from __future__ import annotations
 
+import math
+
 from ..autotune.configs import KernelSpace
 from ..autotune.families import Family
 from ..autotune.sizing import cdiv, elem_bytes, pow2, regs_per_thread
@@ -34,6 +36,23 @@ def _state_fits(cfg, args) -> bool:
 _SM90 = [dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
          dict(BT=[64], BK=[128], BV=[128], num_warps=[8], num_stages=[2, 3]),
          dict(BT=[64], BK=[256], BV=[128], num_warps=[8], num_stages=[3, 4])]
+
+WAVE_TILE = 128
+"""State tile side (in r and in d) at which :func:`pass_wave` counts a segment-state pass's programs."""
+
+
+def pass_wave(sums: int, r: int, d: int, family: Family) -> int:
+    """The size class of a segment-state pass of ``sums`` local states (batch·heads × segments or pieces) at widths
+    ``r`` and ``d``: ⌊log2⌋ of its programs at 128 × 128 tiles per multiprocessor, from −3 (an eighth of a wave or
+    less) to 1 (two waves or more).  A key of the pass's autotuner beside r, d and the flags, so that a tile chosen
+    for a pass of a few programs (1 × 32 heads × 2048 at r = d = 128: 32 sums, a quarter of a wave) is not the one
+    a pass of several waves runs (× 100 000: 256 sums in pieces), and at most five choices are made per key
+    whatever the sequence lengths.  Tuned first at 1 × 2048 and kept, the 4-warp 128 × 32 tile took explicit
+    block_based to 1.644 ms at 1 × 32 × 100 000 (float16, H200), where the 8-warp 128 × 128 tile tuned at a
+    longer n took it to 1.380 (perf/results/h200/explicit_configs.log)."""
+    programs = max(1, sums * cdiv(r, WAVE_TILE) * cdiv(d, WAVE_TILE))
+    return max(-3, min(1, math.floor(math.log2(programs / family.num_sms))))
+
 
 STATE = KernelSpace(
     name="segments.state",

@@ -250,6 +250,7 @@ def test_segment_state_pass_is_tuned_apart_by_its_size_class():
     import leettriton
     from leettriton.autotune import current_family, recording
     from leettriton.kernels import segments, segments_space as sp
+    from leettriton.methods.block_based import space as bb
 
     h200 = FAMILIES["h200"]
     assert "WAVE" in segments._segment_state_kernel.key_names
@@ -261,13 +262,16 @@ def test_segment_state_pass_is_tuned_apart_by_its_size_class():
     assert sp.pass_wave(24, 256, 512, h200) == 0
     assert sp.pass_wave(1, 16, 16, h200) == -3 and sp.pass_wave(10 ** 6, 64, 64, h200) == 1
 
-    b, c, v = (torch.randn(1, 2, 200, 32, device=DEVICE) for _ in range(3))
+    family = current_family(torch.device(DEVICE))
+    n = 200   # long enough for block_based to cut it into segments on this device (40-row ones under the interpreter)
+    while bb.segment_length(2, n, 32, 32, 4, family) >= n:
+        n *= 2
+    b, c, v = (torch.randn(1, 2, n, 32, device=DEVICE) for _ in range(3))
     with recording() as log:
         leettriton.linear_attention(b, c, v, torch.tensor([0.9, 0.99], device=DEVICE), method="block_based")
         leettriton.linear_attention(b, c, v, method="vanilla", return_state=True)   # the final state, directly
     passes = [args for kernel, args in log if kernel is segments._segment_state_kernel]
     assert [args["DIRECT"] for args in passes] == [False, True]
-    family = current_family(v.device)
     assert [args["WAVE"] for args in passes] == [sp.pass_wave(2 * passes[0]["NL"], 32, 32, family),
                                                   sp.pass_wave(2, 32, 32, family)]
 

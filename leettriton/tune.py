@@ -15,12 +15,16 @@ keeps the file's other points): after a kernel change, the same command brings
 the grid up to date, and rerun after an interruption it resumes.  A point measured
 again also times each method at the configs the file held for it, and keeps them
 where they are faster than this run's tuning (marked ``*`` in the point's line).
+With ``--prune F`` it also leaves out, at each point, the methods the file recorded
+there as more than F times slower than the point's fastest (their times null, their
+names under the point's ``"pruned"``, which later ``--prune`` runs keep out too).
 
     python -m leettriton.tune --gpu h100 --quick            # a few minutes
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
     python -m leettriton.tune --gpu h100 --rd 128x128 --bh 8,32,128 --n 1024,4096   # a grid of one's own
     python -m leettriton.tune --gpu h100 --quick --remeasure  # the quick grid's points, on today's code
     python -m leettriton.tune --gpu h100 --remeasure --recorded-only --dtypes float16   # the file's float16 points
+    python -m leettriton.tune --gpu h100 --remeasure --recorded-only --prune 2   # every point, not its 2x losers
 
 Shards measured side by side on several GPUs of one host each write their own file (``--out``);
 ``--merge`` then takes their points into the family's file, without measuring anything:
@@ -108,6 +112,15 @@ def time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] =
             ms, config, launched, won = rec_ms, rec_config, rec_launched, True
     ms, config = _refined(p, method, spec.whole_call, family, ms, config, launched)
     return ms, config, won
+
+
+def pruned_methods(point: dict, factor: float) -> set:
+    """The methods ``--prune factor`` leaves out when ``point`` (as the file holds it) is measured again: those
+    it timed at more than ``factor`` × its fastest, and those it lists as pruned already (their time is null)."""
+    timed = {m: t for m, t in point.get("times_ms", {}).items() if t is not None}
+    fastest = min(timed.values(), default=None)
+    slow = {m for m, t in timed.items() if t > factor * fastest}
+    return slow | set(point.get("pruned", ()))
 
 
 def recorded_in_family(configs: dict, family) -> bool:
@@ -313,6 +326,9 @@ def _main(argv) -> int:
     ap.add_argument("--recorded-only", action="store_true",
                     help="measure only the grid's points the file holds already (with --remeasure: a sparse file "
                          "measured again, no point added)")
+    ap.add_argument("--prune", type=float, default=None, metavar="F",
+                    help="with --remeasure: at each point, leave out the methods the file recorded there as more "
+                         "than F times slower than its fastest (F > 1)")
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
     ap.add_argument("--merge", nargs="+", metavar="FILE",
@@ -323,6 +339,8 @@ def _main(argv) -> int:
         return merge(opts.out or default_path(opts.gpu), opts.gpu, opts.merge)
     if opts.recorded_only and opts.restart:
         ap.error("--recorded-only measures the points the file holds; --restart ignores them")
+    if opts.prune is not None and not (opts.remeasure and opts.prune > 1):
+        ap.error("--prune F needs --remeasure (it reads the file's times of each point) and F > 1")
     if not torch.cuda.is_available():
         print("leettriton.tune: no CUDA device: the heuristic file must be measured on the GPU it is for",
               file=sys.stderr)
@@ -370,6 +388,7 @@ def _main(argv) -> int:
     done = {_point_key(p): p for p in doc["points"]}
     # each point's configs as the file holds them: a point measured again times them too (time_method)
     recorded_configs = {k: p.get("configs", {}) for k, p in done.items()}
+    pruned_at = {k: pruned_methods(p, opts.prune) for k, p in done.items()} if opts.prune else {}
     if opts.remeasure:   # only the points measured with this very commit count as done
         done = {k: p for k, p in done.items() if p.get("measured", {}).get("git_sha") == sha != "unknown"}
 
@@ -401,6 +420,9 @@ def _main(argv) -> int:
             dtype = getattr(torch, dt)
             point = {"dtype": dt, "decay": dec, "r": r, "d": d, "bh": bh, "n": n, "best": None, "config": {},
                      "times_ms": {}, "configs": {}, "measured": provenance}
+            pruned = [m for m in methods if m in pruned_at.get(key, ())]
+            if pruned:
+                point["pruned"] = pruned
             kept: set[str] = set()   # methods whose recorded configs beat this run's tuning (marked * below)
             need = batch * heads * n * (2 * r + 2 * d) * dtype.itemsize
             if need > MEMORY_FRACTION * total_mem:
@@ -411,7 +433,7 @@ def _main(argv) -> int:
                 v = torch.randn(batch, heads, n, d, device=DEVICE, dtype=dtype, generator=g)
                 gamma = decay_gammas(heads, DEVICE) if dec else None
                 for method in methods:
-                    if method in dropped:
+                    if method in dropped or method in pruned:
                         point["times_ms"][method] = None
                         continue
                     recorded = recorded_configs.get(key, {}).get(method)

@@ -534,6 +534,49 @@ def test_tune_does_not_run_at_larger_n_what_lost_tenfold_at_a_measured_point(tmp
     assert {p["n"]: p["times_ms"]["causal_dot_product"] for p in doc["points"]} == {16: 320.0 / 16, 32: None}
 
 
+def test_tune_prune_leaves_out_at_a_point_what_the_file_timed_there_past_the_factor(tmp_path, monkeypatch, capsys):
+    """--remeasure --prune F: at each point the methods the file timed there at more than F x that point's
+    fastest are not run (null, listed under "pruned"), and stay out in later --prune runs; the others, and
+    points without such a loser, are measured as before; without --prune every method runs again."""
+    out = str(tmp_path / "h100.json")
+    grid = _tiny_grid(out, "yes", "vanilla,block_based,causal_dot_product")
+    calls = []
+    # at n = 16 block_based is 1.5x and causal_dot_product 3x vanilla; at n = 32 (times doubled) the same ratios
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 1.5, "causal_dot_product": 3.0}, calls)
+    assert tune.main(grid + ["--n", "16,32"]) == 0
+    assert len(calls) == 6
+
+    for bad in (["--prune", "2"], ["--remeasure", "--prune", "1"], ["--remeasure", "--prune", "0.5"]):
+        with pytest.raises(SystemExit):
+            tune.main(grid + ["--n", "16"] + bad)
+        assert "--prune" in capsys.readouterr().err
+
+    calls.clear()
+    _stand_in_tuner(monkeypatch, "bbbbbbb", {"vanilla": 1.0, "block_based": 0.5, "causal_dot_product": 3.0}, calls)
+    assert tune.main(grid + ["--n", "16,32", "--remeasure", "--prune", "2"]) == 0
+    assert sorted(calls) == [("block_based", 16), ("block_based", 32), ("vanilla", 16), ("vanilla", 32)]
+    by_n = {p["n"]: p for p in json.loads(open(out).read())["points"]}
+    for n, p in by_n.items():
+        assert p["pruned"] == ["causal_dot_product"] and p["times_ms"]["causal_dot_product"] is None
+        assert p["best"] == "block_based" and p["times_ms"]["block_based"] == 0.5 * n / 16
+    assert "causal_dot_product=-" in capsys.readouterr().out
+
+    # a later --prune run keeps the pruned method out although the file holds no time of it; at 1.5 now
+    # vanilla (2x block_based) is out too; without --prune all three run again and nothing is listed
+    calls.clear()
+    _stand_in_tuner(monkeypatch, "ccccccc", {"vanilla": 1.0, "block_based": 0.5, "causal_dot_product": 3.0}, calls)
+    assert tune.main(grid + ["--n", "16", "--remeasure", "--prune", "1.5"]) == 0
+    assert calls == [("block_based", 16)]
+    p16 = {p["n"]: p for p in json.loads(open(out).read())["points"]}[16]
+    assert p16["pruned"] == ["vanilla", "causal_dot_product"]
+    calls.clear()
+    _stand_in_tuner(monkeypatch, "ddddddd", {"vanilla": 1.0, "block_based": 0.5, "causal_dot_product": 3.0}, calls)
+    assert tune.main(grid + ["--n", "16", "--remeasure"]) == 0
+    assert sorted(calls) == [("block_based", 16), ("causal_dot_product", 16), ("vanilla", 16)]
+    p16 = {p["n"]: p for p in json.loads(open(out).read())["points"]}[16]
+    assert "pruned" not in p16 and p16["times_ms"]["causal_dot_product"] == 3.0
+
+
 def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
     """Shards written with --out on separate GPUs come together with --merge: a shard's point replaces the
     same key's, other points stay, the grids unite, nothing is measured; a foreign file changes nothing."""

@@ -11,7 +11,8 @@ its best config and the winner::
      "points": [{"dtype": "float16", "decay": true, "r": 128, "d": 128, "bh": 32, "n": 2048,
                  "best": "block_based", "config": {<kernel space>: {<config>}},
                  "times_ms": {<method>: ms or null}, "configs": {<method>: {...}},
-                 "measured": {"git_sha": ..., "date": ..., "timing": "graph replay", ...}}, ...]}
+                 "measured": {"git_sha": ..., "date": ..., "timing": "graph replay", ...},
+                 "pruned": [<method>, ...]}, ...]}     # optional: left out (``tune --prune``)
 
 At call time :func:`lookup` takes the nearest point -- exact on dtype and decay,
 nearest in log2 space on batch·heads, n, r and d, a tie going to the point with the

@@ -16,8 +16,9 @@ the grid up to date, and rerun after an interruption it resumes.  A point measur
 again also times each method at the configs the file held for it, and keeps them
 where they are faster than this run's tuning (marked ``*`` in the point's line).
 With ``--prune F`` it also leaves out, at each point, the methods the file recorded
-there as more than F times slower than the point's fastest (their times null, their
-names under the point's ``"pruned"``, which later ``--prune`` runs keep out too).
+there as more than F times slower than the point's fastest, or did not run there
+(their times null, their names under the point's ``"pruned"``; later ``--prune`` runs
+keep them out too).
 
     python -m leettriton.tune --gpu h100 --quick            # a few minutes
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
@@ -116,11 +117,14 @@ def time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] =
 
 def pruned_methods(point: dict, factor: float) -> set:
     """The methods ``--prune factor`` leaves out when ``point`` (as the file holds it) is measured again: those
-    it timed at more than ``factor`` × its fastest, and those it lists as pruned already (their time is null)."""
-    timed = {m: t for m, t in point.get("times_ms", {}).items() if t is not None}
+    it timed at more than ``factor`` × its fastest, and those whose time it holds as null (not run there:
+    pruned before, or 10× slower at a smaller n of its series, or out of memory).  A method the point
+    does not name at all was not asked for when it was measured, and is measured."""
+    times = point.get("times_ms", {})
+    timed = {m: t for m, t in times.items() if t is not None}
     fastest = min(timed.values(), default=None)
     slow = {m for m, t in timed.items() if t > factor * fastest}
-    return slow | set(point.get("pruned", ()))
+    return slow | {m for m, t in times.items() if t is None} | set(point.get("pruned", ()))
 
 
 def recorded_in_family(configs: dict, family) -> bool:
@@ -328,7 +332,7 @@ def _main(argv) -> int:
                          "measured again, no point added)")
     ap.add_argument("--prune", type=float, default=None, metavar="F",
                     help="with --remeasure: at each point, leave out the methods the file recorded there as more "
-                         "than F times slower than its fastest (F > 1)")
+                         "than F times slower than its fastest, or did not run there (F > 1)")
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
     ap.add_argument("--merge", nargs="+", metavar="FILE",

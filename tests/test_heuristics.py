@@ -576,6 +576,13 @@ def test_tune_prune_leaves_out_at_a_point_what_the_file_timed_there_past_the_fac
     p16 = {p["n"]: p for p in json.loads(open(out).read())["points"]}[16]
     assert "pruned" not in p16 and p16["times_ms"]["causal_dot_product"] == 3.0
 
+    # a method the point did not run (null: 10x slower at a smaller n, pruned, out of memory) stays out; one
+    # it does not name (not asked for then) is measured
+    point = {"times_ms": {"vanilla": 1.0, "block_based": 1.9, "causal_dot_product": None}}
+    assert tune.pruned_methods(point, 2.0) == {"causal_dot_product"}
+    assert tune.pruned_methods(point, 1.5) == {"causal_dot_product", "block_based"}
+    assert tune.pruned_methods(dict(point, pruned=["recursion"]), 2.0) == {"causal_dot_product", "recursion"}
+
 
 def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
     """Shards written with --out on separate GPUs come together with --merge: a shard's point replaces the

@@ -88,7 +88,8 @@ def _git_sha() -> str:
 def time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] = None):
     """(median ms, {kernel space: config}, whether ``recorded`` won) of one method, each kernel autotuned
     for this shape; then of each of the method's alternatives (``Method.alternatives``: configs pinned
-    with their own schedule, the method's other kernels autotuned afresh under it); then of ``recorded``
+    with their own schedule, the method's other kernels autotuned afresh under it, but for launches
+    their autotuners met at this point already: :func:`_tuned_reusing`); then of ``recorded``
     (the configs the file holds for this method at this point, when measured again), pinned, where every
     one of them is still of its kernel's configs on this family; keeping the fastest; then, for each
     kernel of ``Method.whole_call`` that ran, each of its other configs pinned beside the chosen ones and
@@ -100,10 +101,14 @@ def time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] =
     p, _ = make_problem(b, c, v, gamma)
     spec = registry.builtin(method)
     family = current_family(p.v.device)
-    ms, config, launched = _tuned(p, method, {}, clear=retune)
+    chosen: dict = {}   # (kernel space, its launches' signature) -> the config its autotuner chose for them
+    ms, config, launched = _tuned(p, method, {}, clear=retune, chosen=chosen if retune else None)
+    guess = {k: cfg for k, cfg in config.items() if k in launched}
     for alternative in spec.alternatives(p, family):
-        # the other kernels' choices depend on the schedule (a segment-state kernel on the segment count)
-        alt_ms, alt_config, alt_launched = _tuned(p, method, alternative, clear=True)
+        # the other kernels' choices depend on the schedule (a segment-state kernel on the segment count):
+        # tuned afresh, but for launches their autotuners have met already at this point (_tuned_reusing)
+        alt_ms, alt_config, alt_launched = _tuned_reusing(p, method, alternative, chosen, guess)
+        guess = {k: cfg for k, cfg in alt_config.items() if k in alt_launched and k not in alternative}
         if alt_ms < ms:
             ms, config, launched = alt_ms, alt_config, alt_launched
     won = False
@@ -174,10 +179,14 @@ def _whole_call_ms(p, method: str, config: dict) -> float:
     return do_bench(replay, warmup=10, rep=40, return_mode="median")
 
 
-def _tuned(p, method: str, pinned: dict, clear: bool):
+def _tuned(p, method: str, pinned: dict, clear: bool, chosen: Optional[dict] = None, signatures=None):
     """(median ms, configs, launched) of ``method`` on ``p`` with the ``pinned`` configs and every other
     kernel autotuned (afresh with ``clear``), timed exactly as ``auto`` will launch them: all configs
-    pinned.  ``launched``: {kernel space name: the named arguments of its launch}."""
+    pinned.  ``launched``: {kernel space name: the named arguments of its first launch}.
+
+    ``chosen`` (with ``clear``) learns, for each kernel its autotuner tuned here, ``(space name, signature of
+    its launches) -> config``; ``signatures`` (a dict) gets {space name: that signature} for every kernel
+    that ran (:func:`_signature`)."""
     if clear:
         for kernel in KERNELS.values():
             kernel.cache.clear()
@@ -185,10 +194,52 @@ def _tuned(p, method: str, pinned: dict, clear: bool):
         run_problem(p, method, pinned or None)   # tunes (first meeting of this key) and compiles
     torch.cuda.synchronize()
     config = {**chosen_configs(log), **pinned}
-    launched = {}
+    launched, launches = {}, {}
     for kernel, args in log:
         launched.setdefault(kernel.space.name, args)
+        launches.setdefault(kernel.space.name, []).append(args)
+    sig = {name: _signature(all_args) for name, all_args in launches.items()}
+    if signatures is not None:
+        signatures.update(sig)
+    if chosen is not None and clear:
+        chosen.update({(name, sig[name]): config[name] for name in launched
+                       if name not in pinned and name in config})
     return _whole_call_ms(p, method, config), config, launched
+
+
+def _signature(launches: list) -> tuple:
+    """What an autotuner's choice for one kernel in one call depends on: the named arguments of each of its
+    launches, tensors by dtype, shape and strides (not their addresses), everything else by value."""
+    def value(x):
+        if isinstance(x, torch.Tensor):
+            return ("tensor", str(x.dtype), tuple(x.shape), tuple(x.stride()))
+        if isinstance(x, (list, tuple)):
+            return tuple(value(y) for y in x)
+        return x if isinstance(x, (int, float, bool, str, type(None))) else repr(x)
+    return tuple(tuple((k, value(args[k])) for k in sorted(args)) for args in launches)
+
+
+def _tuned_reusing(p, method: str, pinned: dict, chosen: dict, guess: dict):
+    """:func:`_tuned` of ``pinned`` (an alternative) with every other kernel autotuned afresh, where a kernel
+    whose launches match ones its autotuner met before at this point is given that choice instead of being
+    tuned again (``chosen``, as :func:`_tuned` learns it).
+
+    Which launches an alternative makes shows only once it runs: it first runs with ``guess`` (the last
+    alternative's choices) pinned beside it, the kernels not in ``guess`` autotuned.  Where every guessed
+    kernel's launches have that very choice in ``chosen`` the run stands; otherwise it runs again with the
+    choices ``chosen`` holds for the launches it made, the others autotuned, and where that does not stand
+    either, as :func:`_tuned` alone.  The result is what ``_tuned(p, method, pinned, clear=True)`` measures,
+    without timing a kernel's configs again for launches they were timed for (the segment-state kernel of
+    ``block_based``: the same segments for most walk configs)."""
+    guess = {k: cfg for k, cfg in guess.items() if k not in pinned}
+    for _ in range(2):
+        signatures: dict = {}
+        ms, config, launched = _tuned(p, method, {**guess, **pinned}, clear=True, chosen=chosen,
+                                      signatures=signatures)
+        if all(chosen.get((k, signatures[k])) == cfg for k, cfg in guess.items() if k in launched):
+            return ms, {k: cfg for k, cfg in config.items() if k not in guess or k in launched}, launched
+        guess = {k: chosen[(k, sig)] for k, sig in signatures.items() if k not in pinned and (k, sig) in chosen}
+    return _tuned(p, method, pinned, clear=True, chosen=chosen)
 
 
 def _ints(text: str, what: str) -> list[int]:

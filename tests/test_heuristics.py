@@ -473,7 +473,7 @@ def test_a_method_s_recorded_configs_are_timed_pinned_and_kept_only_where_faster
     pinned_runs = []
 
     def stand_in(ms_recorded):
-        def tuned(p, method, pinned, clear):
+        def tuned(p, method, pinned, clear, **learned):
             pinned_runs.append(pinned)
             if pinned:
                 return ms_recorded, {**pinned}, {}
@@ -646,7 +646,8 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
             real_run(p, name)
             assert any(kernel.cache for kernel in KERNELS.values())
         else:
-            if config in alternatives and config not in ran[:-1]:   # an alternative's first call: it tunes
+            if config.get(walk) in (slow, fast) and all(c is None or c.get(walk) != config[walk] for c in ran[:-1]):
+                # an alternative's first call: it tunes whatever it does not pin
                 forgotten.append(all(not kernel.cache for kernel in KERNELS.values()))
             p.out.zero_()   # a stand-in launch: a capture that records no work is refused (graph_replay)
     monkeypatch.setattr(tune, "run_problem", run)
@@ -669,14 +670,75 @@ def test_tune_times_a_method_s_alternatives_each_with_its_own_schedule(monkeypat
     ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 1.5 and config == {walk: fast}
     # the autotuned call, its graph (a warm call and the captured one), then each alternative: tuned (after
-    # forgetting), then its graph
-    assert ran[0] is None and ran[1] == ran[2] and ran[3:] == [{walk: slow}] * 3 + [{walk: fast}] * 3
+    # forgetting), then its graph; beside the first alternative the autotuned call's other kernels' choices
+    # (the state pass's: _tuned_reusing's guess, which stands here since the stand-in launches nothing)
+    assert ran[0] is None and ran[1] == ran[2]
+    assert [{walk: c[walk]} for c in ran[3:]] == [{walk: slow}] * 3 + [{walk: fast}] * 3
+    assert ran[3] == {**{k: cfg for k, cfg in ran[1].items() if k != walk}, walk: slow}
     assert forgotten == [True, True]
 
     times["BT64"] = 2.5   # no alternative beats the autotuned choice: it stays
     ran.clear()
     ms, config, _ = tune.time_method("block_based", b, c, v, gamma, retune=False)
     assert ms == 2.0 and config.get(walk) not in (slow, fast) and config == ran[1]
+
+
+@pytest.mark.parametrize("retune", [True, False])
+def test_tune_alternatives_reuse_a_kernel_s_choice_for_launches_its_autotuner_met_at_the_point(monkeypatch, retune):
+    """An alternative's other kernels are not tuned again for launches their autotuners met at the point:
+    a walk config whose segments are those of one timed before gets the state pass's choice for them
+    pinned; one whose segments are new, or whose guess (the last alternative's choice) was for other
+    launches, runs again with what the point chose for its launches, or tunes.  Each alternative ends with
+    the config its own tuning would give (a state config chosen for other segments costs 100 ms here)."""
+    import contextlib
+    import dataclasses
+    from types import SimpleNamespace
+    from leettriton import registry
+
+    walk, state = "block_based.fwd", "segments.state"
+    kernel = {name: SimpleNamespace(space=SimpleNamespace(name=name)) for name in (walk, state)}
+    segments = {1: 4, 2: 4, 3: 8, 4: 4}          # a walk config (by BT) -> its segments
+    base_ms = {1: 5.0, 2: 4.0, 3: 3.0, 4: 2.0}
+    logs, tuned, picks = [], [], {}
+
+    @contextlib.contextmanager
+    def recording():
+        logs.append([])
+        yield logs[-1]
+
+    def run(p, name, config=None):
+        config = config or {}
+        bt = config.get(walk, {"BT": 1})["BT"]
+        picks.clear()
+        for name_ in (walk, state):
+            logs[-1].append((kernel[name_], {"NS": segments[bt], "x": torch.empty(2, 3)}))
+            if name_ not in config:   # its autotuner runs: the state pass's choice follows the segments
+                tuned.append((name_, segments[bt]))
+                picks[name_] = {"BT": 1} if name_ == walk else {"BV": segments[bt]}
+
+    def whole_call_ms(p, name, config):
+        cfg = config[walk]["BT"]
+        return base_ms[cfg] + (0.0 if config[state] == {"BV": segments[cfg]} else 100.0)
+
+    method = registry.builtin("block_based")
+    alternatives = [{walk: {"BT": bt}} for bt in (2, 3, 4)]
+    monkeypatch.setattr(tune.registry, "builtin", lambda name: dataclasses.replace(
+        method, alternatives=lambda p, family: alternatives, whole_call=()))
+    monkeypatch.setattr(tune, "recording", recording)
+    monkeypatch.setattr(tune, "run_problem", run)
+    monkeypatch.setattr(tune, "chosen_configs", lambda log: dict(picks))
+    monkeypatch.setattr(tune, "_whole_call_ms", whole_call_ms)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    b = c = v = torch.zeros(1, 1, 8, 4)
+    ms, config, _ = tune.time_method("block_based", b, c, v, None, retune=retune)
+    assert ms == 2.0 and config == {walk: {"BT": 4}, state: {"BV": 4}}
+    # tuned: the autotuned call's two kernels; the state pass again only for the 8 segments of BT 3 (and,
+    # without retune, whose choices the autotuners' caches may hold from another point, for BT 2's 4 too)
+    assert tuned == [(walk, 4), (state, 4)] + ([] if retune else [(state, 4)]) + [(state, 8)]
+    # BT 2 stands with the guess; BT 3 runs with it, then tunes; BT 4 runs with BT 3's, then with the point's
+    runs = [len(log) and log[0][1]["NS"] for log in logs]
+    assert len(logs) == (1 + 1 + 2 + 2 if retune else 1 + 2 + 2 + 2) and runs[-1] == 4
 
 
 def test_tune_times_a_whole_call_kernel_s_other_configs_pinned_beside_the_chosen_ones(monkeypatch):

@@ -18,7 +18,8 @@ where they are faster than this run's tuning (marked ``*`` in the point's line).
 With ``--prune F`` it also leaves out, at each point, the methods the file recorded
 there as more than F times slower than the point's fastest, or did not run there
 (their times null, their names under the point's ``"pruned"``; later ``--prune`` runs
-keep them out too).
+keep them out too).  ``--keep SHA,...`` counts the points measured with those commits as done too: a
+re-measure that spans sessions, with only the tuner changed between them, goes on where it stopped.
 
     python -m leettriton.tune --gpu h100 --quick            # a few minutes
     python -m leettriton.tune --gpu h100 --dtypes float16    # one shard of the full grid
@@ -384,6 +385,9 @@ def _main(argv) -> int:
     ap.add_argument("--prune", type=float, default=None, metavar="F",
                     help="with --remeasure: at each point, leave out the methods the file recorded there as more "
                          "than F times slower than its fastest, or did not run there (F > 1)")
+    ap.add_argument("--keep", metavar="SHA[,SHA...]",
+                    help="with --remeasure: keep the points measured with these commits too (their kernels "
+                         "those of this one), measuring the others")
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
     ap.add_argument("--merge", nargs="+", metavar="FILE",
@@ -396,6 +400,9 @@ def _main(argv) -> int:
         ap.error("--recorded-only measures the points the file holds; --restart ignores them")
     if opts.prune is not None and not (opts.remeasure and opts.prune > 1):
         ap.error("--prune F needs --remeasure (it reads the file's times of each point) and F > 1")
+    keep = [x.strip() for x in (opts.keep or "").split(",") if x.strip()]
+    if opts.keep is not None and not (opts.remeasure and keep):
+        ap.error("--keep SHA[,SHA...] needs --remeasure and at least one commit")
     if not torch.cuda.is_available():
         print("leettriton.tune: no CUDA device: the heuristic file must be measured on the GPU it is for",
               file=sys.stderr)
@@ -444,8 +451,9 @@ def _main(argv) -> int:
     # each point's configs as the file holds them: a point measured again times them too (time_method)
     recorded_configs = {k: p.get("configs", {}) for k, p in done.items()}
     pruned_at = {k: pruned_methods(p, opts.prune) for k, p in done.items()} if opts.prune else {}
-    if opts.remeasure:   # only the points measured with this very commit count as done
-        done = {k: p for k, p in done.items() if p.get("measured", {}).get("git_sha") == sha != "unknown"}
+    if opts.remeasure:   # only the points measured with this very commit (or one of --keep's) count as done
+        current = {sha} - {"unknown"} | set(keep)
+        done = {k: p for k, p in done.items() if p.get("measured", {}).get("git_sha") in current}
 
     total_mem = torch.cuda.get_device_properties(0).total_memory if DEVICE == "cuda" else 1 << 40
     start = time.time()

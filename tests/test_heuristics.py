@@ -396,6 +396,17 @@ def test_tune_records_each_point_s_code_and_remeasures_the_stale_ones(tmp_path, 
     assert by_n[32]["measured"]["timing"] == doc["measured"]["timing"] == "graph replay"
     assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 2   # the reader takes the new fields
 
+    # --keep: the points of the commits named count as done too (n = 32's, bbbbbbb's); the others are measured
+    calls.clear()
+    _stand_in_tuner(monkeypatch, "ccccccc", {"vanilla": 3.0, "block_based": 2.0}, calls)
+    assert tune.main(grid + ["--n", "16,32", "--remeasure", "--keep", "bbbbbbb,eeeeeee"]) == 0
+    assert sorted(calls) == [("block_based", 16), ("vanilla", 16)]
+    by_n = {p["n"]: p for p in json.loads(open(out).read())["points"]}
+    assert (by_n[16]["measured"]["git_sha"], by_n[32]["measured"]["git_sha"]) == ("ccccccc", "bbbbbbb")
+    for bad in (["--keep", "bbbbbbb"], ["--remeasure", "--keep", " , "]):
+        with pytest.raises(SystemExit):
+            tune.main(grid + ["--n", "16"] + bad)
+
 
 def test_tune_times_a_point_s_recorded_configs_when_it_measures_the_point_again(tmp_path, monkeypatch, capsys):
     """--remeasure hands each method its configs as the file holds them at the point (none to a point

@@ -36,12 +36,13 @@ class _Recorder:
 
 
 def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=128, decay=True,
-                    initial=True, state=True, device="meta", family=None):
+                    initial=True, state=True, device="meta", family=None, configs=None):
     """The (kernel, named arguments) pairs that ``method`` launches for one problem, without running them.
 
     On the ``meta`` device no memory is touched; the arguments carry the dtypes,
     strides and sizes a real launch of that shape would have.  ``family``: the GPU
-    family whose schedule to record (default: the current device's).
+    family whose schedule to record (default: the current device's); ``configs``:
+    kernel configs pinned (space name → config), with the schedule they get.
     """
     from ..methods import Plan, builtin_methods
     from ..problem import make_problem
@@ -52,7 +53,7 @@ def record_launches(method: str, dtype: torch.dtype, B=1, H=2, n=256, r=128, d=1
     p, _ = make_problem(b, c, v, 0.9 if decay else None, initial_state=s0, return_state=state,
                         device_types=("meta",))
     spec = builtin_methods()[method]
-    plan = Plan(method, spec.launch, None, spec.schedule(p, family or current_family(), None))
+    plan = Plan(method, spec.launch, configs, spec.schedule(p, family or current_family(), configs))
     with _Recorder() as rec:
         plan.run(p, plan)
     return rec.calls

@@ -18,20 +18,20 @@ import torch
 from leettriton import registry
 from leettriton.autotune import KERNELS
 from leettriton.autotune.families import FAMILIES
-from leettriton.autotune.record import _Recorder
-from leettriton.methods import Plan
+from leettriton.autotune.record import record_launches
 from leettriton.problem import make_problem
 from leettriton.tune import _signature, point_batch_heads
 
 
-def launches(spec, method, p, family, pinned):
-    plan = Plan(method, spec.launch, pinned or None, spec.schedule(p, family, pinned or None))
-    with _Recorder() as rec:
-        plan.run(p, plan)
+def launches(method, pt, family, pinned):
+    """{kernel space: (signature of its launches, configs its autotuner times for the first)} of ``method`` at
+    point ``pt`` with ``pinned`` configs, recorded on the meta device (:func:`record_launches`)."""
+    batch, heads = point_batch_heads(pt["bh"])
+    calls = record_launches(method, getattr(torch, pt["dtype"]), B=batch, H=heads, n=pt["n"], r=pt["r"], d=pt["d"],
+                            decay=pt["decay"], initial=False, state=False, family=family, configs=pinned or None)
     by_space = collections.defaultdict(list)
-    for kernel, args in rec.calls:
+    for kernel, args in calls:
         by_space[kernel.space.name].append(args)
-    # each kernel's signature, and how many configs its autotuner times for the first of its launches
     return {name: (_signature(all_args), len(KERNELS[name].space.usable(family, all_args[0])))
             for name, all_args in by_space.items()}
 
@@ -62,11 +62,11 @@ def main():
             alternatives = spec.alternatives(p, family)
             if not alternatives:
                 continue
-            base = launches(spec, method, p, family, {})
+            base = launches(method, pt, family, {})
             seen = {(k, s) for k, (s, _) in base.items()}
             before = after = trials_before = trials_after = 0
             for alt in alternatives:
-                sig = launches(spec, method, p, family, alt)
+                sig = launches(method, pt, family, alt)
                 others = {(k, s): count for k, (s, count) in sig.items() if k not in alt}
                 new = {key: count for key, count in others.items() if key not in seen}
                 before, after = before + len(others), after + len(new)

@@ -313,9 +313,14 @@ def _read_doc(path: str, family: str) -> dict:
 
 
 def merge(out: str, family: str, shards: list) -> int:
-    """Take every point of ``shards`` (heuristic files of ``family``) into ``out``: a shard's point replaces
-    the output's point of the same key, the grids are united, and the output's ``"measured"`` becomes the
-    last shard's (each point keeps its own).  Every shard is read before anything is written."""
+    """Take the points of ``shards`` (heuristic files of ``family``) into ``out``: a shard's point replaces the
+    output's point of the same key unless that one was measured later (:func:`_measured_at`; a tie goes to
+    the shard), the grids are united, and the output's ``"measured"`` becomes the latest run's of the output
+    and the shards (each point keeps its own).  Every shard is read before anything is written.
+
+    Newer wins, not the order of the files: a file that a GPU call wrote from a copy of the family's file
+    holds that copy's points beside its own, and joining several such files must keep each call's own
+    measurements, whatever the order they are named in."""
     try:
         docs = [_read_doc(path, family) for path in shards]
         doc = _read_doc(out, family) if os.path.exists(out) else None
@@ -325,16 +330,27 @@ def merge(out: str, family: str, shards: list) -> int:
     if doc is None:
         doc = {"format": FORMAT, "family": family, "measured": {}, "grid": {}, "points": []}
     for path, shard in zip(shards, docs):
-        keys = {_point_key(p) for p in shard["points"]}
-        doc["points"] = [p for p in doc["points"] if _point_key(p) not in keys] + list(shard["points"])
+        held = {_point_key(p): p for p in doc["points"]}
+        taken = {_point_key(p): p for p in shard["points"]
+                 if _point_key(p) not in held or _measured_at(p) >= _measured_at(held[_point_key(p)])}
+        doc["points"] = [p for k, p in held.items() if k not in taken] + list(taken.values())
         axes = list(doc["grid"]) + [k for k in shard.get("grid", {}) if k not in doc["grid"]]
         doc["grid"] = {k: [json.loads(x) for x in sorted({json.dumps(v) for v in doc["grid"].get(k, [])
                                                             + shard.get("grid", {}).get(k, [])})] for k in axes}
-        doc["measured"] = shard["measured"]
-        print(f"{path}: {len(keys)} points", flush=True)
+        if _measured_at(shard) >= _measured_at(doc):
+            doc["measured"] = shard["measured"]
+        kept = len(shard["points"]) - len(taken)
+        print(f"{path}: {len(taken)} of its {len(shard['points'])} points taken"
+              + (f" ({kept} measured before the file's own)" if kept else ""), flush=True)
     _save(out, doc)
     print(f"wrote {out} ({len(doc['points'])} points)", flush=True)
     return 0
+
+
+def _measured_at(entry: dict) -> str:
+    """When a point (or a file's last run) was measured, as its ``"measured"`` record's date
+    ("YYYY-MM-DD HH:MM UTC", which sorts as it reads); "" (before any) where it records none."""
+    return str((entry.get("measured") or {}).get("date") or "")
 
 
 def _save(path: str, doc: dict) -> None:
@@ -391,7 +407,8 @@ def _main(argv) -> int:
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
     ap.add_argument("--merge", nargs="+", metavar="FILE",
-                    help="take the points of these files (shards written with --out) into the output; measures nothing")
+                    help="take the points of these files (shards written with --out) into the output, the later "
+                         "measured of each point kept; measures nothing")
     opts = ap.parse_args(argv)
 
     if opts.merge:

@@ -15,7 +15,8 @@
 # The peers' wheels in .whl/, if any, are installed to /tmp/site first.  LEETTRITON_GIT_SHA names the commit
 # where the tree has no .git (a copy of the working tree), so the results record it.
 # The heuristic file the tuner writes is the tree's own: a later call on a fresh copy of the tree starts from
-# the committed file, so take $OUT/$GPU.json into the tree (or join it with `tune --merge`) between calls.
+# the committed file, so take $OUT/$GPU.json into the tree between calls, or join the calls' files afterwards
+# with `python -m leettriton.tune --gpu $GPU --merge FILE...` (each point's later measurement is kept).
 set -u
 NAME=$1 BUDGET=$2; shift 2
 GPU=${GPU:-h100}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -624,6 +625,39 @@ def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
     assert doc["grid"]["n"] == [16, 32, 64] and doc["grid"]["decay"] == [False, True]
     assert doc["measured"] == json.loads(open(shard_b).read())["measured"]
     assert len(read_heuristics(out, "h100", leettriton.METHODS).points) == 3
+
+
+def test_tune_merge_keeps_each_point_s_later_measurement_whatever_the_order(tmp_path, monkeypatch, capsys):
+    """Two GPU calls each start from the committed file and measure different points; each call's file holds
+    the other's points as the committed file had them.  Joined in either order, each point comes from the
+    call that measured it last, and the file's "measured" is the later call's."""
+    base = str(tmp_path / "h100.json")
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 2.0}, [])
+    assert tune.main(_tiny_grid(base, "yes", "vanilla,block_based") + ["--n", "16,32"]) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def call(name, sha, date, n):
+        doc = json.loads(open(base).read())
+        doc["measured"] = dict(doc["measured"], git_sha=sha, date=date)
+        for p in doc["points"]:
+            if p["n"] == n:
+                p["best"], p["config"] = "block_based", p["configs"]["block_based"]
+                p["measured"] = dict(p["measured"], git_sha=sha, date=date)
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    first = call("first.json", "bbbbbbb", "2099-01-01 10:00 UTC", 16)
+    second = call("second.json", "ccccccc", "2099-01-01 10:10 UTC", 32)
+    for order in ([first, second], [second, first]):
+        out = str(tmp_path / "out.json")
+        shutil.copy(base, out)
+        assert tune.main(["--gpu", "h100", "--out", out, "--merge", *order]) == 0
+        doc = json.loads(open(out).read())
+        got = {p["n"]: (p["best"], p["measured"]["git_sha"]) for p in doc["points"]}
+        assert got == {16: ("block_based", "bbbbbbb"), 32: ("block_based", "ccccccc")}
+        assert doc["measured"]["git_sha"] == "ccccccc"
+        assert "1 of its 2 points taken (1 measured before the file's own)" in capsys.readouterr().out
 
 
 def _cpu_graph(fn):

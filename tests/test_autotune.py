@@ -447,8 +447,9 @@ def test_launch_replaces_a_pinned_config_only_when_it_does_not_fit(monkeypatch):
 
 def test_warm_lists_each_kernel_of_every_method_and_refuses_without_cuda(monkeypatch, capsys):
     """``python -m leettriton.autotune.warm``: its task list holds every built-in method's kernels, each kernel
-    once with ``--first``; its defaults parse (the method list it imports), and with no GPU it stops with a
-    message before compiling anything."""
+    once with ``--first``; ``--shapes`` adds the variants another shape launches (n = 3000, not a multiple of 16,
+    is another specialization of every kernel taking n) and none twice; its defaults parse (the method list it
+    imports), a bad ``--shapes`` is refused, and with no GPU it stops with a message before compiling anything."""
     from leettriton.autotune import warm
     from leettriton.methods import BUILTIN_METHODS
 
@@ -456,6 +457,23 @@ def test_warm_lists_each_kernel_of_every_method_and_refuses_without_cuda(monkeyp
     assert {t[0] for t in tasks} == set(BUILTIN_METHODS)
     per_method = [(t[0], t[8]) for t in tasks]
     assert len(per_method) == len(set(per_method))
+    assert {(t[10], t[11]) for t in tasks} == {(1, 1024)}
+
+    one = warm._tasks(["block_based"], ["float16"], [(128, 128)], [(True, False, False)], 4, first=False)
+    again = warm._tasks(["block_based"], ["float16"], [(128, 128)], [(True, False, False)], 4, first=False,
+                        shapes=[(1, 1024), (1, 1024)])
+    assert again == one
+    more = warm._tasks(["block_based"], ["float16"], [(128, 128)], [(True, False, False)], 4, first=False,
+                       shapes=[(1, 1024), (1, 3000)])
+    assert more[:len(one)] == one
+    added = more[len(one):]
+    assert {t[8] for t in added} == {t[8] for t in one} and {(t[10], t[11]) for t in added} == {(1, 3000)}
+    assert sorted(repr(t[9]) for t in added) == sorted(repr(t[9]) for t in one)
+
+    for bad in ("1x", "0x1024", "1x1024x2", "a"):
+        with pytest.raises(SystemExit):
+            warm.main(["--shapes", bad])
+        assert "--shapes takes BATCHxN" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:
         warm.main([])

@@ -264,6 +264,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
                   flush=True)
             break
         dtype = getattr(torch, dt)
+        shape_start = time.time()
         b, c, v = make_inputs(batch, heads, n, r, d, dtype, "cuda", seed=n)
         gamma = decay_gammas(heads, "cuda") if dec else None
         chosen, chosen_configs = leettriton.plan.choose(leettriton.problem.make_problem(b, c, v, gamma)[0])
@@ -297,7 +298,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
                    best_configs=_plain(contender_configs[best]))
         rows.append(row)
         print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
-              f"ratio {row['ratio']:.2f}", flush=True)
+              f"ratio {row['ratio']:.2f} ({time.time() - shape_start:.0f} s)", flush=True)
         del b, c, v
         if save is not None:
             save(rows)

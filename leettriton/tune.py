@@ -347,6 +347,17 @@ def merge(out: str, family: str, shards: list) -> int:
     return 0
 
 
+def _warm(workers: int, cases: list) -> None:
+    """Compile the kernel variants and configs of ``cases`` (:func:`leettriton.autotune.warm.cases_tasks`) in
+    ``workers`` processes before the first point: a point's autotuners otherwise compile each config of a
+    variant they have not met (the segmented walk, each size class of the segment-state pass) one by one, in
+    the point's time (perf/results/h100/tune_remeasure.log: the first segmented point of each series, whose
+    variants the warm before had not compiled, 12-22 s; the others 1-5 s)."""
+    from .autotune import warm
+
+    warm.compile_tasks(warm.cases_tasks(cases), workers)
+
+
 def _measured_at(entry: dict) -> str:
     """When a point (or a file's last run) was measured, as its ``"measured"`` record's date
     ("YYYY-MM-DD HH:MM UTC", which sorts as it reads); "" (before any) where it records none."""
@@ -404,6 +415,9 @@ def _main(argv) -> int:
     ap.add_argument("--keep", metavar="SHA[,SHA...]",
                     help="with --remeasure: keep the points measured with these commits too (their kernels "
                          "those of this one), measuring the others")
+    ap.add_argument("--warm-workers", type=int, default=0, metavar="N",
+                    help="first compile, in N processes, the kernel variants the points to measure launch "
+                         "(leettriton.autotune.warm), rather than one by one as each point meets them")
     ap.add_argument("--no-retune", action="store_true",
                     help="autotune each kernel once per (dtype, flags, r, d) instead of once per point")
     ap.add_argument("--merge", nargs="+", metavar="FILE",
@@ -415,6 +429,8 @@ def _main(argv) -> int:
         return merge(opts.out or default_path(opts.gpu), opts.gpu, opts.merge)
     if opts.recorded_only and opts.restart:
         ap.error("--recorded-only measures the points the file holds; --restart ignores them")
+    if opts.warm_workers < 0:
+        ap.error("--warm-workers takes a number of processes, 0 (no warm) or more")
     if opts.prune is not None and not (opts.remeasure and opts.prune > 1):
         ap.error("--prune F needs --remeasure (it reads the file's times of each point) and F > 1")
     keep = [x.strip() for x in (opts.keep or "").split(",") if x.strip()]
@@ -479,6 +495,12 @@ def _main(argv) -> int:
     held = {_point_key(p) for p in doc["points"]}   # the points the file holds (--recorded-only measures no others)
     todo = sum(not opts.recorded_only or (dt, dec, r, d, bh, n) in held
                for dt, dec, (r, d), bh in series for n in grid["n"])
+    if opts.warm_workers:
+        _warm(opts.warm_workers, [(m, dt, r, d, dec, False, False, *point_batch_heads(bh), n)
+                                  for dt, dec, (r, d), bh in series for n in grid["n"]
+                                  if (dt, dec, r, d, bh, n) not in done
+                                  and (not opts.recorded_only or (dt, dec, r, d, bh, n) in held)
+                                  for m in methods if m not in pruned_at.get((dt, dec, r, d, bh, n), ())])
     count = 0
     for dt, dec, (r, d), bh in series:
         dropped: set[str] = set()

@@ -9,6 +9,8 @@
     python perf/bench_auto.py --no-cold --shard 0/4 --out /tmp/s0       # a quarter of the series of
                                                                         # shapes per GPU, then --merge
     python perf/bench_auto.py --no-cold --rd 256x512 --out /tmp/w       # one layer's widths, then --merge
+    python perf/bench_auto.py --no-cold --warm-workers 16               # compile the shapes' kernels first,
+                                                                        # in 16 processes
 
 1. For n ∈ {3000, 20000, 70000}, batch·heads ∈ {48, 96}, fp16 / bf16 / fp32, with and without decay
    (heads 16, r = d = 128), and batch 1 × n 8192 at heads 32 (r = d = 128); in float16 and bfloat16
@@ -224,6 +226,14 @@ def planned_shapes(quick: bool, dtypes, shard=(0, 1), widths=None) -> list:
     return widths_only(shard_shapes(shapes(quick, dtypes), shard), widths)
 
 
+def warm_cases(planned, methods, kept=()) -> list:
+    """The warm's cases (``leettriton.autotune.warm.cases_tasks``) of the ``planned`` shapes not in ``kept``
+    (keys of rows kept by ``--resume``): each method's call, no states, at each shape."""
+    return [(m, dt, r, d, dec, False, False, batch, heads, n)
+            for dt, dec, heads, r, d, batch, n in planned if (dt, dec, heads, r, d, batch, n) not in kept
+            for m in methods]
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``"I/K"`` → (I, K): the shard that takes every K-th series of shapes from the I-th (0 ≤ I < K)."""
     try:
@@ -346,7 +356,11 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="write one file of the rows of these runs (of one GPU model, e.g. one dtype per GPU) "
                          "to OUT/<gpu>/bench_auto; measures nothing")
+    ap.add_argument("--warm-workers", type=int, default=0, metavar="N",
+                    help="first compile, in N processes, the kernel variants the shapes left to measure launch")
     opts = ap.parse_args(argv)
+    if opts.warm_workers < 0:
+        ap.error("--warm-workers takes a number of processes, 0 (no warm) or more")
     if opts.merge:
         return merge(opts.merge, opts.out)
     if not torch.cuda.is_available():
@@ -385,6 +399,13 @@ def main(argv=None) -> int:
             meta.update(cold_start=cold)
         write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
 
+    if opts.warm_workers:
+        from leettriton.autotune import warm
+
+        kept = {_key(row) for row in done or []}
+        warm.compile_tasks(warm.cases_tasks(warm_cases(
+            planned_shapes(opts.quick, opts.dtypes.split(",") if opts.dtypes else None, opts.shard, opts.rd),
+            opts.methods.split(","), kept)), opts.warm_workers)
     rows = auto_vs_best(opts.quick, opts.methods.split(","), opts.dtypes.split(",") if opts.dtypes else None,
                         done=done, save=save, shard=opts.shard, widths=opts.rd,
                         deadline=None if opts.max_minutes is None else start + 60 * opts.max_minutes)

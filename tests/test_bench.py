@@ -552,6 +552,23 @@ def test_bench_auto_widths_keep_only_their_layers_shapes():
             mod.parse_widths(bad)
 
 
+def test_bench_auto_warm_cases_are_each_method_s_call_at_the_shapes_left_to_measure():
+    """``--warm-workers N``: the warm's cases are every method's call (no states) at each planned shape but
+    those a ``--resume`` keeps, with the shape's dtype, decay, widths, batch, heads and n; a negative N is
+    refused."""
+    mod = _script("bench_auto")
+    planned = mod.planned_shapes(False, ["bfloat16"], (0, 1), mod.parse_widths("256x512"))
+    kept = {planned[0]}
+    cases = mod.warm_cases(planned, ["block_based", "lightning_attention"], kept)
+    assert len(cases) == 2 * (len(planned) - 1)
+    each_twice = [shape for shape in planned[1:] for _ in range(2)]
+    for (m, dt, r, d, dec, initial, state, batch, heads, n), shape in zip(cases, each_twice):
+        assert (dt, dec, heads, r, d, batch, n) == shape and not initial and not state
+    assert [c[0] for c in cases[:2]] == ["block_based", "lightning_attention"]
+    with pytest.raises(SystemExit):
+        mod.main(["--warm-workers", "-1"])
+
+
 def test_bench_auto_confirm_rounds_alternate_the_calls_and_keep_each_ones_median():
     """``confirm_rounds``: every call runs once before the first round, then the rounds time the calls in
     turn (a, b, a, b, ...), and each call's figure is the median of its rounds, so one slow round of

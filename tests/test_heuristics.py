@@ -596,6 +596,30 @@ def test_tune_prune_leaves_out_at_a_point_what_the_file_timed_there_past_the_fac
     assert tune.pruned_methods(dict(point, pruned=["recursion"]), 2.0) == {"causal_dot_product", "recursion"}
 
 
+def test_tune_warm_workers_compiles_the_variants_of_the_points_to_measure_first(tmp_path, monkeypatch):
+    """--warm-workers N: before the first point, the kernel variants that the points left to measure launch
+    (no point already measured, each method asked for) go to the warm's parallel compile, in N processes."""
+    from leettriton.autotune import warm
+
+    out = str(tmp_path / "h100.json")
+    calls = []
+    _stand_in_tuner(monkeypatch, "aaaaaaa", {"vanilla": 1.0, "block_based": 2.0}, calls)
+    assert tune.main(_tiny_grid(out, "yes", "vanilla,block_based") + ["--n", "16"]) == 0
+    compiled = []
+    monkeypatch.setattr(warm, "compile_tasks", lambda tasks, workers: compiled.append((list(calls), tasks, workers)))
+    calls.clear()
+    assert tune.main(_tiny_grid(out, "yes", "vanilla,block_based") + ["--n", "16,32", "--warm-workers", "3"]) == 0
+    assert calls == [("vanilla", 32), ("block_based", 32)]
+    [(timed_before, tasks, workers)] = compiled
+    assert timed_before == [] and workers == 3
+    assert {(t[0], t[1], t[2], t[3], t[4], t[10], t[11]) for t in tasks} == {
+        (m, "float32", 4, 4, True, 1, 32) for m in ("vanilla", "block_based")}
+    assert tasks == warm.cases_tasks([(m, "float32", 4, 4, True, False, False, 1, 1, 32)
+                                      for m in ("vanilla", "block_based")])
+    with pytest.raises(SystemExit):
+        tune.main(_tiny_grid(out, "yes", "vanilla") + ["--n", "16", "--warm-workers", "-1"])
+
+
 def test_tune_merges_shards_measured_apart(tmp_path, monkeypatch, capsys):
     """Shards written with --out on separate GPUs come together with --merge: a shard's point replaces the
     same key's, other points stay, the grids unite, nothing is measured; a foreign file changes nothing."""

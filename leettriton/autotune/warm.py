@@ -72,16 +72,23 @@ def _kinds_of_params(fn) -> tuple[set, set]:
 
 def _tasks(methods, dtypes, rds, flags, heads, first, shapes=((1, 1024),)):
     """One task per kernel variant and config that the given methods launch at ``shapes`` ((batch, n) pairs, at
-    ``heads``), dtypes, widths and flags (decay, initial state, final state); a variant met again (another
-    shape, another method sharing the kernel) is not listed twice."""
+    ``heads``), dtypes, widths and flags (decay, initial state, final state): :func:`cases_tasks`."""
+    return cases_tasks([(method, dtype, r, d, decay, initial, state, batch, heads, n)
+                        for method, dtype, (r, d), (decay, initial, state), (batch, n)
+                        in itertools.product(methods, dtypes, rds, flags, shapes)], first)
+
+
+def cases_tasks(cases, first=False) -> list:
+    """One compile task per kernel variant and config that ``cases`` launch, each case (method, dtype name, r,
+    d, decay, initial state, final state, batch, heads, n); a variant met again (another case, another method
+    sharing the kernel) is not listed twice.  ``first``: only each kernel's first fitting config."""
     from .configs import config_dict  # noqa: F401
     from .families import current_family
     from .record import record_launches
 
     family = current_family()
     tasks, listed = [], set()
-    for method, dtype, (r, d), (decay, initial, state), (batch, n) in itertools.product(
-            methods, dtypes, rds, flags, shapes):
+    for method, dtype, r, d, decay, initial, state, batch, heads, n in cases:
         calls = record_launches(method, getattr(torch, dtype), B=batch, H=heads, n=n, r=r, d=d, decay=decay,
                                 initial=initial, state=state)
         seen = set()
@@ -97,6 +104,25 @@ def _tasks(methods, dtypes, rds, flags, heads, first, shapes=((1, 1024),)):
                 listed.add((variant, repr(sorted(cfg.items()))))
                 tasks.append((method, dtype, r, d, decay, initial, state, heads, kernel.space.name, cfg, batch, n))
     return tasks
+
+
+def compile_tasks(tasks, workers: int) -> int:
+    """Compile ``tasks`` (:func:`cases_tasks`) into Triton's on-disk cache in ``workers`` processes, printing
+    progress and each failure (an over-large config is reported, the rest go on); the number that failed."""
+    print(f"compiling {len(tasks)} kernel variants with {workers} processes", flush=True)
+    start, failed = time.time(), 0
+    ctx = torch.multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_compile, t) for t in tasks]
+        for i, fut in enumerate(as_completed(futures), 1):
+            space, secs, err = fut.result()
+            if err:
+                failed += 1
+                print(f"  [{i}/{len(tasks)}] {space}: {err}", flush=True)
+            elif i % 25 == 0 or i == len(tasks):
+                print(f"  [{i}/{len(tasks)}] {time.time() - start:.0f} s", flush=True)
+    print(f"compiled {len(tasks) - failed} of {len(tasks)} in {time.time() - start:.0f} s", flush=True)
+    return failed
 
 
 def _compile(task) -> tuple[str, float, str]:
@@ -145,19 +171,7 @@ def main(argv=None) -> int:
     if opts.flags == "plain":
         flags = [(True, False, False), (False, False, False)]
     tasks = _tasks(opts.methods.split(","), opts.dtypes.split(","), rds, flags, opts.heads, opts.first, shapes)
-    print(f"compiling {len(tasks)} kernel variants with {opts.workers} processes", flush=True)
-    start, failed = time.time(), 0
-    ctx = torch.multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=opts.workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_compile, t) for t in tasks]
-        for i, fut in enumerate(as_completed(futures), 1):
-            space, secs, err = fut.result()
-            if err:
-                failed += 1
-                print(f"  [{i}/{len(tasks)}] {space}: {err}", flush=True)
-            elif i % 25 == 0 or i == len(tasks):
-                print(f"  [{i}/{len(tasks)}] {time.time() - start:.0f} s", flush=True)
-    print(f"compiled {len(tasks) - failed} of {len(tasks)} in {time.time() - start:.0f} s", flush=True)
+    compile_tasks(tasks, opts.workers)
     return 0
 
 

@@ -64,6 +64,9 @@ class Problem:
             state update) to two bfloat16 parts, hi + lo, each a product of its own, where one
             rounding would keep 8 significant bits (docs/design.md §10.4).  The backward's calls set it;
             other kernels, and other dtypes, ignore it.
+        r_piece: one piece of a wider r (kernels/pieces.py, which sets it): its masked scores are partial sums
+            over its keys, and the chunk walk rounds them to 16 bits in two parts, where one rounding per
+            piece would add up to more error than one of the whole score (docs/design.md §1.5).
     """
 
     b: torch.Tensor
@@ -77,6 +80,7 @@ class Problem:
     memo: Optional[dict] = field(default=None, repr=False, compare=False)
     reverse: bool = False
     two_part: bool = False
+    r_piece: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:

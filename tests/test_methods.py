@@ -151,6 +151,30 @@ def test_pieces_of_r_chain_through_float32_partials(r, widths):
         assert piece.out.dtype == torch.float32 and piece.out.data_ptr() != p.out.data_ptr()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("path", ["lightning_attention", "block_based", "varlen"])
+def test_pieces_of_r_keep_scores_that_cancel_between_them(path, dtype):
+    """r = 512 in two pieces whose scores cancel: b = [x, x], c = [y, ε z − y] (ε = 1/32), so each piece's
+    scores are about 1/ε times the whole score's.  Rounded once per piece to the input dtype they err by the
+    dtype's precision of the pieces (8.3e-3 in float16, 7.8e-2 in bfloat16: 4 and 8 times the tolerance); the
+    walk makes a piece's product with v in two parts (kernels/pieces.py).  n stays inside one chunk, so every output comes from
+    the scores alone (the state term has no cancelling pieces of its own to show here)."""
+    g = torch.Generator().manual_seed(3)
+    n, W, d = 16, 256, 8
+    x, y, z = (torch.randn(1, 2, n, W, generator=g) for _ in range(3))
+    b = torch.cat([x, x], -1).to(DEVICE, dtype)
+    c = torch.cat([y, z / 32 - y], -1).to(DEVICE, dtype)
+    v = torch.randn(1, 2, n, d, generator=g).to(DEVICE, dtype)
+    ref = leettriton.reference(b, c, v, 0.9)
+    if path == "varlen":  # the packed walk: the same rows as one sequence, and an empty one after it
+        cu = torch.tensor([0, n, n], dtype=torch.int32, device=DEVICE)
+        out = leettriton.linear_attention_varlen(b[0].transpose(0, 1), c[0].transpose(0, 1), v[0].transpose(0, 1),
+                                                 cu, 0.9).transpose(0, 1)[None]
+    else:
+        out = leettriton.linear_attention(b, c, v, 0.9, method=path)
+    assert_close(out, ref, tolerance(dtype), f"{path} with cancelling pieces of r")
+
+
 @settings(max_examples=2 if not HAS_GPU else 10)
 @pytest.mark.parametrize("method", METHODS)
 @given(case=cases(max_n=12 if not HAS_GPU else MAX_N), r=st.integers(257, 1024), d=st.integers(257, 1024))

@@ -12,6 +12,12 @@ outputs: each piece adds the sum of the pieces before it (read from a float32 bu
 to its own output in float32, and the last one rounds the total once into the output
 (docs/design.md §1.5).  No separate sum or copy runs; each launch reads one buffer
 and writes another, so running it again (an autotuning trial) gives the same result.
+
+A piece's masked scores are partial sums over its keys, which may cancel between pieces: one
+rounding of each to 16 bits would err by the pieces' magnitudes, not the score's.  With 16-bit
+inputs the walk of a piece (``Problem.r_piece``) therefore makes their product with v in two parts,
+hi + lo, each a product of its own (about 22 significant bits for float16): one more product per
+chunk, for r > 256 only.
 """
 from __future__ import annotations
 
@@ -50,6 +56,6 @@ def in_r_pieces(p: Problem, max_r: int, run: Callable[[Problem, Optional[torch.T
         piece = dataclasses.replace(
             p, b=p.b[..., keys], c=p.c[..., keys], out=out,
             initial_state=None if p.initial_state is None else p.initial_state[:, :, keys],
-            state=None if p.state is None else p.state[:, :, keys])
+            state=None if p.state is None else p.state[:, :, keys], r_piece=True)
         run(piece, partial)
         partial = out

@@ -80,7 +80,7 @@ from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, he
                             two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
-       "TWO_PART", "ACC", "TMA", "CUT"]
+       "TWO_PART", "PIECE", "ACC", "TMA", "CUT"]
 
 
 @triton.jit
@@ -295,7 +295,7 @@ def _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, 
 def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
                  stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an,
                  stride_ad, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, TWO_PART: tl.constexpr,
-                 ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
+                 PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Walk rows t_start … t_end − 1 from the state tiles s0..s3, writing their outputs; returns the state
     after them and whether float16's check failed (``bad``, a scalar; always 0 unless MODE is 1).
@@ -368,7 +368,12 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
         else:
             b_ot = b_ot * row_decay[None, :]
         b_at = b_at * m_intra_t
-        b_ot += mma(b_vt, round_to(b_at, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
+        b_att = round_to(b_at, b_vt.dtype)
+        b_ot += mma(b_vt, b_att, DOT_PRECISION)  # [BV, BT] @ [BT, BT]
+        if PIECE:
+            # a piece of a wider r: its scores are partial sums over its keys, which may cancel between
+            # pieces, so what their rounding dropped goes in as a second product (kernels/pieces.py)
+            b_ot += mma(b_vt, low_part(b_at, b_att, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
         if ACC:
             b_ot += b_acc
         store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
@@ -399,7 +404,8 @@ def _chunk_walk_fwd_kernel(
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides, flag_ptr,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
-    TWO_PART: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, REDO: tl.constexpr,
+    TWO_PART: tl.constexpr, PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
+    REDO: tl.constexpr,
     PDL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
@@ -483,7 +489,8 @@ def _chunk_walk_fwd_kernel(
     s0, s1, s2, s3, bad = _walk_chunks(
         s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
         stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-        acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, ACC, TMA, CUT, NK, MODE, BT, BK, BV)
+        acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, BT, BK,
+        BV)
     if MODE == 1:
         tl.store(flag_ptr + pid, bad)
         if bad != 0:
@@ -637,7 +644,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     tma = reads_by_descriptor(p, ns)
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
                 init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
-                TWO_PART=two_part(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
+                TWO_PART=two_part(p), PIECE=scores_in_two_parts(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
                 flag_ptr=p.out if flags is None else flags, REDO=False, PDL=redo_by_pdl(p, flags),
                 **partial_args(p, args, partial))
     p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None))
@@ -700,6 +707,14 @@ def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def scores_in_two_parts(p: Problem) -> bool:
+    """Whether the walk of ``p`` makes its masked scores' product with v in two parts (``PIECE``): ``p`` is a piece
+    of a wider r (:attr:`Problem.r_piece`) with 16-bit inputs.  A piece's scores are partial sums over its keys;
+    where the pieces' sums cancel, one rounding of each to the input dtype would err by that dtype's precision
+    of the pieces' magnitudes, not of the whole score's.  float32 products take the scores as they are."""
+    return p.r_piece and p.v.dtype != torch.float32
+
+
 def partial_args(p: Problem, args: Mapping, partial: Optional[torch.Tensor]) -> dict:
     """The walk's ``acc_ptr``, ``acc_strides`` and ``ACC`` for ``partial`` (or None: the output as an unread
     stand-in), addressed as the output is: a reversed problem's from its last row (docs/design.md §10.3)."""
@@ -740,7 +755,7 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
                 slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
                 SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
-                TWO_PART=False, TMA=False, CUT=False, flag_ptr=p.out if flags is None else flags, REDO=False,
+                TWO_PART=False, PIECE=scores_in_two_parts(p), TMA=False, CUT=False, flag_ptr=p.out if flags is None else flags, REDO=False,
                 PDL=redo_by_pdl(p, flags), **partial_args(p, args, partial))
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call.  float16: the redo with the config the checked walk ran

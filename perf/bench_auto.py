@@ -251,15 +251,15 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
 
     The autotuners' caches are cleared before each shape, so each method runs the config that is best
     for that shape, as the tuner measured it.  ``done``: rows of an earlier run (kept, not measured
-    again); ``save(rows)`` is called after every shape; past ``deadline`` (a ``time.time()``) the rest
-    is left for a ``--resume``.  ``shard`` (I, K): only the shapes of :func:`shard_shapes` (one GPU's share
+    again); ``save(rows)`` is called after every shape; past ``deadline`` (a ``time.time()``) the shapes
+    not measured are left for a ``--resume`` (the rows of ``done`` are all returned, in the plan's order).  ``shard`` (I, K): only the shapes of :func:`shard_shapes` (one GPU's share
     of a run spread over K, joined afterwards with ``--merge``); ``widths``: only those of
     :func:`widths_only`.
     """
     from leettriton.autotune import KERNELS
 
     done = {_key(r): r for r in (done or [])}
-    rows, dropped = [], {}
+    rows, dropped, stopped = [], {}, False
     for dt, dec, heads, r, d, batch, n in planned_shapes(quick, dtypes, shard, widths):
         series = (dt, dec, heads, r, d, batch)
         if (dt, dec, heads, r, d, batch, n) in done:
@@ -269,10 +269,13 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
             dropped.setdefault(series, set()).update(m for m, t in timed.items()
                                                       if t > SLOWER_TO_DROP * row["best_ms"])
             continue
+        if stopped:
+            continue  # past the time limit: the kept rows of later shapes are still kept
         if deadline is not None and time.time() > deadline:
             print(f"time limit reached before {dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: rerun with --resume",
                   flush=True)
-            break
+            stopped = True
+            continue
         dtype = getattr(torch, dt)
         shape_start = time.time()
         b, c, v = make_inputs(batch, heads, n, r, d, dtype, "cuda", seed=n)

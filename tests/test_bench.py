@@ -515,6 +515,18 @@ def test_bench_auto_merge_keeps_the_later_row_and_plans_each_shape_once(tmp_path
     assert {r["git_sha"] for r in again_rows} == {"a", "b", "c", "d"}
 
 
+def test_bench_auto_past_its_time_limit_keeps_every_resumed_row():
+    """``--resume --max-minutes``: when the time limit comes before a shape, the rows kept from the earlier run
+    for shapes after it are still returned (and so saved), in the plan's order; nothing is measured."""
+    mod = _script("bench_auto")
+    planned = mod.planned_shapes(False, ["float16"])
+    kept = [planned[0], planned[5], planned[-1]]
+    done = [dict(dtype=dt, decay=dec, heads=heads, r=r, d=d, batch=batch, n=n, times_ms={"block_based": 1.0},
+                 best_ms=1.0) for dt, dec, heads, r, d, batch, n in kept]
+    rows = mod.auto_vs_best(False, ["block_based"], ["float16"], done=done, deadline=0.0)
+    assert [mod._key(row) for row in rows] == kept
+
+
 def test_bench_auto_shards_split_the_series_whole_and_cover_every_shape_once():
     """``--shard I/K``: the K shards together hold every shape of a full run exactly once, each series of
     shapes that differ only in n stays in one shard (its losers are dropped at larger n), and the shards'

@@ -3,10 +3,11 @@ makes each piece's masked scores' product with v in two parts, ``PIECE``): the w
 it and with one part (``scores_in_two_parts`` patched to False), each mode in processes of its own (a
 signature's launches are kept for its next call, so one process cannot switch), in alternating rounds.
 
-    python perf/piece_scores.py [--shapes BxHxNxRxD,...] [--dtypes float16,bfloat16] [--rounds 2]
+    PYTHONPATH=. python perf/piece_scores.py [--shapes BxHxNxRxD,...] [--dtypes float16,bfloat16] [--rounds 2]
 
-Prints one line per round and a table of each cell's median over the rounds, two parts ÷ one part.
-Without a GPU it stops with a message.
+Prints each cell's time as it is measured, then a table of each cell's median over the rounds, two parts ÷
+one part.  Each process compiles (and, with no heuristic point near, autotunes) its cells' kernels first:
+allow a few minutes.  Without a GPU it stops with a message.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 METHODS = ("lightning_attention", "block_based")
 
@@ -39,8 +41,9 @@ def one_process(shapes, dtypes, two_parts: bool) -> dict:
             v = torch.randn(B, H, n, d, device="cuda", generator=g, dtype=getattr(torch, dt))
             gamma = torch.full((H,), 0.99, device="cuda")
             for m in METHODS:
-                out[f"{'x'.join(map(str, shape))} {dt} {m}"] = time_ms(
-                    lambda: leettriton.linear_attention(b, c, v, gamma, method=m), rep_ms=100)[0]
+                cell = f"{'x'.join(map(str, shape))} {dt} {m}"
+                out[cell] = time_ms(lambda: leettriton.linear_attention(b, c, v, gamma, method=m), rep_ms=100)[0]
+                print(f"  {cell}: {out[cell]:.3f} ms", flush=True)
     return out
 
 
@@ -50,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--one", choices=("two", "one"), help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in opts.shapes.split(",")]
     if any(len(s) != 5 for s in shapes):
@@ -60,18 +64,22 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("piece_scores.py needs a CUDA device")
     if opts.one:
-        print("RESULT " + json.dumps(one_process(shapes, dtypes, opts.one == "two")), flush=True)
+        with open(opts.result, "w") as f:
+            json.dump(one_process(shapes, dtypes, opts.one == "two"), f)
         return 0
     runs = {"two": [], "one": []}
-    for i in range(opts.rounds):
-        for mode in (("two", "one") if i % 2 == 0 else ("one", "two")):
-            res = subprocess.run([sys.executable, __file__, "--shapes", opts.shapes, "--dtypes", opts.dtypes,
-                                  "--one", mode], capture_output=True, text=True, env=dict(os.environ))
-            line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
-            if not line:
-                raise SystemExit(f"round {i} ({mode} part(s)) failed:\n{res.stderr[-2000:]}")
-            runs[mode].append(json.loads(line[0][7:]))
-            print(f"round {i}, scores in {mode} part(s): {runs[mode][-1]}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(opts.rounds):
+            for mode in (("two", "one") if i % 2 == 0 else ("one", "two")):
+                # each cell's time is printed as it comes (a run cut off by a time limit keeps them)
+                print(f"round {i}, scores in {mode} part(s):", flush=True)
+                result = os.path.join(tmp, f"{i}-{mode}.json")
+                done = subprocess.run([sys.executable, os.path.abspath(__file__), "--shapes", opts.shapes,
+                                       "--dtypes", opts.dtypes, "--one", mode, "--result", result])
+                if done.returncode != 0:
+                    raise SystemExit(f"round {i} ({mode} part(s)) failed: exit status {done.returncode}")
+                with open(result) as f:
+                    runs[mode].append(json.load(f))
 
     def median(xs):
         xs = sorted(xs)

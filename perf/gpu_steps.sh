@@ -9,9 +9,11 @@
 #   warm:ARGS   python -m leettriton.autotune.warm --workers 16 ARGS
 #   tune:CAP ARGS   python -m leettriton.tune --gpu $GPU ARGS --max-minutes M, M = min(CAP, (seconds left - 75) / 60):
 #               the tuner checks its limit only between points, so it is left 75 s for the point under way
-#   ms:ARGS     python perf/bench_model_shapes.py ARGS --out $OUT/ms
+#   ms:ARGS     python perf/bench_model_shapes.py ARGS --out $OUT/msK, K the step's number (from 1): each
+#               step's files of their own (bench_model_shapes always names its files the same)
 #   bc:ARGS     python perf/bench_chunked.py ARGS
-#   py:ARGS     python ARGS
+#   py:ARGS     python ARGS (ARGS split on spaces: no quoting)
+#   sh:CMD      bash -c CMD (quotes kept: e.g. a pytest -k expression with spaces)
 # The peers' wheels in .whl/, if any, are installed to /tmp/site first.  LEETTRITON_GIT_SHA names the commit
 # where the tree has no .git (a copy of the working tree), so the results record it.
 # The heuristic file the tuner writes is the tree's own: a later call on a fresh copy of the tree starts from
@@ -34,7 +36,9 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee -a "$L"
 HEUR=leettriton/autotune/heuristics/$GPU.json
+K=0
 for step in "$@"; do
+  K=$((K + 1))
   kind=${step%%:*}; args=${step#*:}
   echo "## $(( $(date +%s) - T0 )) s, $(left) s left: $kind $args" | tee -a "$L"
   case $kind in
@@ -43,12 +47,13 @@ for step in "$@"; do
           M=$(python3 -c "print(round(max(0.1, min($cap, ($(left) - 75) / 60)), 1))")
           echo "# python3 -m leettriton.tune --gpu $GPU $args --max-minutes $M" | tee -a "$L"
           timeout "$(left)" python3 -m leettriton.tune --gpu "$GPU" $args --max-minutes "$M" 2>&1 | tee -a "$L" ;;
-    ms) mkdir -p "$OUT/ms"
-        echo "# python3 perf/bench_model_shapes.py $args --out \$OUT/ms" | tee -a "$L"
-        timeout "$(left)" python3 perf/bench_model_shapes.py $args --out "$OUT/ms" 2>&1 | tee -a "$L" ;;
+    ms) mkdir -p "$OUT/ms$K"
+        echo "# python3 perf/bench_model_shapes.py $args --out \$OUT/ms$K" | tee -a "$L"
+        timeout "$(left)" python3 perf/bench_model_shapes.py $args --out "$OUT/ms$K" 2>&1 | tee -a "$L" ;;
     bc) echo "# python3 perf/bench_chunked.py $args" | tee -a "$L"
         timeout "$(left)" python3 perf/bench_chunked.py $args 2>&1 | tee -a "$L" ;;
     py) timeout "$(left)" python3 $args 2>&1 | tee -a "$L" ;;
+    sh) timeout "$(left)" bash -c "$args" 2>&1 | tee -a "$L" ;;
     *) echo "unknown step kind: $kind" | tee -a "$L" ;;
   esac
   [ -f "$HEUR" ] && cp "$HEUR" "$OUT/$GPU.json"

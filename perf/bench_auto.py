@@ -252,9 +252,9 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
     The autotuners' caches are cleared before each shape, so each method runs the config that is best
     for that shape, as the tuner measured it.  ``done``: rows of an earlier run (kept, not measured
     again); ``save(rows)`` is called after every shape; past ``deadline`` (a ``time.time()``) the shapes
-    not measured are left for a ``--resume`` (the rows of ``done`` are all returned, in the plan's order).  ``shard`` (I, K): only the shapes of :func:`shard_shapes` (one GPU's share
-    of a run spread over K, joined afterwards with ``--merge``); ``widths``: only those of
-    :func:`widths_only`.
+    not measured are left for a ``--resume`` (the rows of ``done`` are all returned, in the plan's order).
+    ``shard`` (I, K): only the shapes of :func:`shard_shapes` (one GPU's share of a run spread over K, joined
+    afterwards with ``--merge``); ``widths``: only those of :func:`widths_only`.
     """
     from leettriton.autotune import KERNELS
 

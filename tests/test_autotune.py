@@ -449,8 +449,8 @@ def test_warm_lists_each_kernel_of_every_method_and_refuses_without_cuda(monkeyp
     """``python -m leettriton.autotune.warm``: its task list holds every built-in method's kernels, each kernel
     once with ``--first``; ``--shapes`` adds the variants another shape launches (n = 3000, not a multiple of 16,
     is another specialization of every kernel taking n; on a GPU family it may add segment kernels) and none
-    twice; its defaults parse (the method list it
-    imports), a bad ``--shapes`` is refused, and with no GPU it stops with a message before compiling anything."""
+    twice; its defaults parse (the method list it imports), a bad ``--shapes`` is refused, and with no GPU it
+    stops with a message before compiling anything."""
     from leettriton.autotune import warm
     from leettriton.methods import BUILTIN_METHODS
 

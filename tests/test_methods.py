@@ -157,8 +157,9 @@ def test_pieces_of_r_keep_scores_that_cancel_between_them(path, dtype):
     """r = 512 in two pieces whose scores cancel: b = [x, x], c = [y, ε z − y] (ε = 1/32), so each piece's
     scores are about 1/ε times the whole score's.  Rounded once per piece to the input dtype they err by the
     dtype's precision of the pieces (8.3e-3 in float16, 7.8e-2 in bfloat16: 4 and 8 times the tolerance); the
-    walk makes a piece's product with v in two parts (kernels/pieces.py).  n stays inside one chunk, so every output comes from
-    the scores alone (the state term has no cancelling pieces of its own to show here)."""
+    walk makes a piece's product with v in two parts (kernels/pieces.py).  n stays inside one chunk, so every
+    output comes from the scores alone (past it the state enters through its product with b, whose operand
+    is rounded per element, pieces or not)."""
     g = torch.Generator().manual_seed(3)
     n, W, d = 16, 256, 8
     x, y, z = (torch.randn(1, 2, n, W, generator=g) for _ in range(3))

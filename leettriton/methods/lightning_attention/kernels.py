@@ -295,8 +295,8 @@ def _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, 
 def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
                  stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an,
                  stride_ad, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, TWO_PART: tl.constexpr,
-                 PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
-                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                 PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, NK: tl.constexpr,
+                 MODE: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Walk rows t_start … t_end − 1 from the state tiles s0..s3, writing their outputs; returns the state
     after them and whether float16's check failed (``bad``, a scalar; always 0 unless MODE is 1).
 
@@ -755,8 +755,9 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
                 slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
                 SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
-                TWO_PART=False, PIECE=scores_in_two_parts(p), TMA=False, CUT=False, flag_ptr=p.out if flags is None else flags, REDO=False,
-                PDL=redo_by_pdl(p, flags), **partial_args(p, args, partial))
+                TWO_PART=False, PIECE=scores_in_two_parts(p), TMA=False, CUT=False,
+                flag_ptr=p.out if flags is None else flags, REDO=False, PDL=redo_by_pdl(p, flags),
+                **partial_args(p, args, partial))
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call.  float16: the redo with the config the checked walk ran
     config = (config or {}).get(spaces.VARLEN.name)

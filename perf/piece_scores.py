@@ -4,10 +4,12 @@ it and with one part (``scores_in_two_parts`` patched to False), each mode in pr
 signature's launches are kept for its next call, so one process cannot switch), in alternating rounds.
 
     PYTHONPATH=. python perf/piece_scores.py [--shapes BxHxNxRxD,...] [--dtypes float16,bfloat16] [--rounds 2]
+                                             [--methods lightning_attention,block_based]
 
 Prints each cell's time as it is measured, then a table of each cell's median over the rounds, two parts ÷
-one part.  Each process compiles (and, with no heuristic point near, autotunes) its cells' kernels first:
-allow a few minutes.  Without a GPU it stops with a message.
+one part.  Each process compiles (and, with no heuristic point near, autotunes) its cells' kernels first: on
+an H100 its first three cells took 114 s, so allow a few minutes per process, or time fewer cells (e.g.
+``--shapes 1x8x8192x512x512 --dtypes float16 --methods block_based``).  Without a GPU it stops with a message.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import tempfile
 METHODS = ("lightning_attention", "block_based")
 
 
-def one_process(shapes, dtypes, two_parts: bool) -> dict:
+def one_process(shapes, dtypes, methods, two_parts: bool) -> dict:
     """Median ms of each (shape, dtype, method) in this process, the scores in two parts or one."""
     import torch
 
@@ -40,7 +42,7 @@ def one_process(shapes, dtypes, two_parts: bool) -> dict:
                     for _ in range(2))
             v = torch.randn(B, H, n, d, device="cuda", generator=g, dtype=getattr(torch, dt))
             gamma = torch.full((H,), 0.99, device="cuda")
-            for m in METHODS:
+            for m in methods:
                 cell = f"{'x'.join(map(str, shape))} {dt} {m}"
                 out[cell] = time_ms(lambda: leettriton.linear_attention(b, c, v, gamma, method=m), rep_ms=100)[0]
                 print(f"  {cell}: {out[cell]:.3f} ms", flush=True)
@@ -52,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="1x8x8192x512x512,4x16x2048x384x128")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--methods", default=",".join(METHODS), help="of " + ", ".join(METHODS))
     ap.add_argument("--one", choices=("two", "one"), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
@@ -59,13 +62,16 @@ def main(argv=None) -> int:
     if any(len(s) != 5 for s in shapes):
         raise SystemExit(f"--shapes takes BxHxNxRxD,..., not {opts.shapes!r}")
     dtypes = opts.dtypes.split(",")
+    methods = opts.methods.split(",")
+    if not set(methods) <= set(METHODS):
+        raise SystemExit(f"--methods takes some of {','.join(METHODS)}, not {opts.methods!r}")
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("piece_scores.py needs a CUDA device")
     if opts.one:
         with open(opts.result, "w") as f:
-            json.dump(one_process(shapes, dtypes, opts.one == "two"), f)
+            json.dump(one_process(shapes, dtypes, methods, opts.one == "two"), f)
         return 0
     runs = {"two": [], "one": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +81,8 @@ def main(argv=None) -> int:
                 print(f"round {i}, scores in {mode} part(s):", flush=True)
                 result = os.path.join(tmp, f"{i}-{mode}.json")
                 done = subprocess.run([sys.executable, os.path.abspath(__file__), "--shapes", opts.shapes,
-                                       "--dtypes", opts.dtypes, "--one", mode, "--result", result])
+                                       "--dtypes", opts.dtypes, "--methods", opts.methods, "--one", mode,
+                                       "--result", result])
                 if done.returncode != 0:
                     raise SystemExit(f"round {i} ({mode} part(s)) failed: exit status {done.returncode}")
                 with open(result) as f:

@@ -295,6 +295,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 times[m] = None
+        sweep_s = time.time() - shape_start      # each method's autotuning at this shape and its time
         timed = {m: t for m, t in times.items() if t is not None}
         swept = min(timed, key=timed.get)
         dropped.setdefault(series, set()).update(m for m, t in timed.items() if t > SLOWER_TO_DROP * timed[swept])
@@ -310,8 +311,10 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
                    times_ms=times, rounds_ms=rounds, rounds_timing=timing, auto_configs=_plain(chosen_configs),
                    best_configs=_plain(contender_configs[best]))
         rows.append(row)
-        print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), best {best}={timed[best]:.3f} ms, "
-              f"ratio {row['ratio']:.2f} ({time.time() - shape_start:.0f} s)", flush=True)
+        # the rounds' times, of which the ratio is made (the sweep's, timed[best], can differ by a few percent)
+        print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), "
+              f"best {best}={rounds[best]:.3f} ms, ratio {row['ratio']:.2f} "
+              f"({time.time() - shape_start:.0f} s: the sweep of {len(timed)} methods {sweep_s:.0f} s)", flush=True)
         del b, c, v
         if save is not None:
             save(rows)

@@ -311,7 +311,7 @@ def auto_vs_best(quick: bool, methods, dtypes=None, *, done=None, save=None, dea
                    times_ms=times, rounds_ms=rounds, rounds_timing=timing, auto_configs=_plain(chosen_configs),
                    best_configs=_plain(contender_configs[best]))
         rows.append(row)
-        # the rounds' times, of which the ratio is made (the sweep's, timed[best], can differ by a few percent)
+        # the rounds' times, of which the ratio is made (the sweep's, timed[best], differed by up to 9% on an H100)
         print(f"{dt} decay={dec} {batch}×{heads}×{n} r={r} d={d}: auto={t_auto:.3f} ms ({chosen}), "
               f"best {best}={rounds[best]:.3f} ms, ratio {row['ratio']:.2f} "
               f"({time.time() - shape_start:.0f} s: the sweep of {len(timed)} methods {sweep_s:.0f} s)", flush=True)

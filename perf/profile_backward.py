@@ -14,7 +14,9 @@ own table (``--rows`` rows, by GPU time).
 The backward's reversed-time calls run as reversed problems (no copies, docs/design.md §10.3).  ``--copies``
 profiles the path that makes reversed copies instead (what a method without reversed addressing takes), by
 having ``leettriton.autograd.reversed_call`` decline every call; ``--compare`` first times a step both ways in
-the same run, and checks that the two give the same gradients.
+the same run, and checks that the two give the same gradients.  ``--one-part`` profiles a bfloat16 backward with
+its float32 operands rounded in one part, not two (``Problem.two_part``, docs/design.md §10.4: less accurate
+gradients), to measure what the second part costs; float16 has no two-part form, so it changes nothing there.
 
 Without a GPU it runs tiny shapes (heads 2, n 64, r = d = 16) under Triton's interpreter, so the node
 and the reversal kernel take their CUDA path's steps: a check of the script's logic, not a measurement.
@@ -43,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", action="store_true", help="profile the backward on reversed copies")
     ap.add_argument("--compare", action="store_true",
                     help="first time a step with reversed problems and with reversed copies (same run)")
+    ap.add_argument("--one-part", action="store_true",
+                    help="bfloat16: round the backward's float32 operands in one part (measures the second's cost)")
     args = ap.parse_args(argv)
 
     import torch
@@ -93,7 +97,11 @@ def main(argv=None) -> int:
                     for x, y in zip(*got.values()))
         print(f"  gradients, reversed problems against reversed copies: largest relative difference {worst:.2e}")
     use_copies(args.copies)
-    print(f"  profiled: the backward on {'reversed copies' if args.copies else 'reversed problems'}")
+    if args.one_part:   # a measurement switch: the backward's problems built without two_part
+        make_problem = node.make_problem
+        node.make_problem = lambda *a, **k: make_problem(*a, **{**k, "two_part": False})
+    print(f"  profiled: the backward on {'reversed copies' if args.copies else 'reversed problems'}"
+          + (", its operands in one part" if args.one_part else ""))
     for _ in range(2):
         step()
     if cuda:

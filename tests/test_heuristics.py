@@ -62,7 +62,7 @@ def test_lookup_exact_and_nearest(tmp_path):
 def test_nearest_point_is_the_point_lookup_takes_with_every_method_s_configs(tmp_path):
     walk = {"block_based.fwd": {"BT": 64, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}}
     other = dict(point(n=8192, best="block_based", config=walk), times_ms={"block_based": 1.0, "vanilla": 2.0})
-    other["configs"] = {"block_based": walk, "vanilla": {"vanilla.fwd": {"BT": 64, "num_warps": 4, "num_stages": 2}}}
+    other["configs"] = {"block_based": walk, "vanilla": {"vanilla.fwd": {"BT": 64, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2}}}
     h = read_heuristics(write(tmp_path, [point(n=1024, best="vanilla"), other]), methods=leettriton.METHODS)
     for n in (5000, 8192, 100000):
         nearest = h.nearest_point("float16", True, 128, 128, 32, n)
@@ -108,7 +108,7 @@ def test_foreign_family(tmp_path):
 
 @pytest.mark.parametrize("bad,why", [({"best": "nonsense"}, "unknown method 'nonsense'"),
                                      ({"config": {"no.such.kernel": {}}}, "config for unknown kernels"),
-                                     ({"n": -3}, "lacks dtype, decay, r, d, bh or n")])
+                                     ({"n": -3}, "'n' is -3 .*; expected a positive integer")])
 def test_malformed_points(tmp_path, bad, why):
     p = point()
     p.update(bad)

@@ -35,7 +35,7 @@ from .families import FAMILIES, Family, current_family, is_interpreting
 from .launcher import direct_launch
 
 __all__ = ["KernelSpace", "autotune", "launch", "chosen_config", "KERNELS", "config_dict", "autotune_enabled",
-           "in_family", "recording", "PinnedConfigWarning"]
+           "in_family", "pinnable_configs", "recording", "PinnedConfigWarning"]
 
 ConfigDict = Mapping[str, int]
 
@@ -251,6 +251,17 @@ def in_family(space: KernelSpace, config: ConfigDict, family: Family) -> bool:
         members = _MEMBERS[(space.name, family.name)] = frozenset(
             tuple(sorted(c.items())) for c in space.family_configs(family))
     return tuple(sorted(config.items())) in members
+
+
+def pinnable_configs(space: KernelSpace, family: Family | str) -> list[dict[str, int]]:
+    """The configs of ``space`` a heuristic file measured on ``family`` may pin: the family's list
+    (:meth:`KernelSpace.family_configs`, its ``keep`` rule applied).  The interpreter (``cpu``) runs any
+    config of the kernel, so a file of the ``cpu`` family may pin its own config or any family's."""
+    name = family if isinstance(family, str) else family.name
+    if name != "cpu":
+        return space.family_configs(name)
+    configs = space.family_configs(name)
+    return configs + [cfg for cfg in space.all_configs() if cfg not in configs]
 
 
 def _replace_misfit(space: KernelSpace, config: ConfigDict, args: Mapping[str, Any]) -> ConfigDict:

@@ -36,7 +36,18 @@ __all__ = ["HeuristicsError", "Heuristics", "read_heuristics", "active_heuristic
 
 
 class HeuristicsError(ValueError):
-    """A heuristic file that cannot be used (corrupt, foreign or from another version)."""
+    """A heuristic file that cannot be used: unreadable, corrupt, foreign, from another version, or
+    holding a field of the wrong type or value (docs/design.md §5.4).
+
+    The message names the file, and for a bad point its index and key fields, the key, what was
+    expected and what was found.  Attributes: ``path``; ``point``: the point's index, or None for
+    the file as a whole; ``key``: the offending key (``config['vanilla.fwd']['BT']``), or None.
+    """
+
+    def __init__(self, message: str, path: Optional[str] = None, point: Optional[int] = None,
+                 key: Optional[str] = None):
+        super().__init__(message)
+        self.path, self.point, self.key = path, point, key
 
 
 def default_path(family: str) -> str:
@@ -82,17 +93,168 @@ class Heuristics:
         return best["best"], best.get("config") or {}
 
 
-def _fail(path: str, why: str):
-    raise HeuristicsError(f"heuristic file {path}: {why}")
+DTYPES = ("float16", "bfloat16", "float32")  # the input dtypes a point may name (those the kernels take)
+FILE_KEYS = ("format", "family", "points")
+POINT_KEYS = ("dtype", "decay", "r", "d", "bh", "n", "best")   # "best": null where nothing was measured
+_SHAPE_KEYS = ("r", "d", "bh", "n")
+_MISSING = object()
+
+
+def _found(value: Any) -> str:
+    """``value`` as the file spells it, and its JSON type."""
+    kind = ("null" if value is None else "a boolean" if isinstance(value, bool) else
+            "an integer" if isinstance(value, int) else "a number" if isinstance(value, float) else
+            "a string" if isinstance(value, str) else "a list" if isinstance(value, list) else "an object")
+    text = json.dumps(value)
+    return f"{text if len(text) <= 80 else text[:77] + '...'} ({kind})"
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int   # a JSON integer: not a boolean, a string or a number with a fraction
+
+
+def _hint(path: str) -> str:
+    hint = " Correct the file, or measure it again with `python -m leettriton.tune` (docs/design.md §5.5)"
+    if os.environ.get("LEETTRITON_HEURISTICS") == path:
+        hint += "; unset LEETTRITON_HEURISTICS to use the packaged file"
+    return hint + "."
+
+
+def _fail(path: str, why: str, point: Optional[int] = None, key: Optional[str] = None):
+    raise HeuristicsError(f"heuristic file {path}: {why}.{_hint(path)}", path, point, key)
+
+
+class _Checker:
+    """Checks one loaded file against the format (docs/design.md §5.4): every key's type, the required
+    keys of the file and of each point, the methods named, and every pinned config a member of its
+    kernel's configs on the file's family."""
+
+    def __init__(self, path: str, family: str, methods: Collection[str], kernels: Mapping[str, Any]):
+        self.path, self.family, self.kernels = path, family, kernels
+        self.methods = tuple(m for m in methods if m != "auto")   # auto is what reads the file, not a choice
+        self.members: dict[str, tuple[frozenset, list[dict]]] = {}
+        self.where, self.index = "", None
+
+    def fail(self, key: str, expected: str, found: Any = _MISSING):
+        what = f"lacks the key {key}" if found is _MISSING else f"{key} is {_found(found)}"
+        _fail(self.path, f"{self.where}{what}; expected {expected}", self.index, key)
+
+    def point(self, i: int, p: Any, seen: dict) -> None:
+        self.index = i
+        if not isinstance(p, dict):
+            self.where = f"point {i}: "
+            self.fail(f"points[{i}]", "an object", p)
+        fields = {k: p[k] for k in ("dtype", "decay", *_SHAPE_KEYS) if k in p}
+        self.where = f"point {i} {json.dumps(fields)}: "
+        for k in POINT_KEYS:
+            if k not in p:
+                self.fail(repr(k), f"every point to hold {', '.join(POINT_KEYS)} ('best': null where "
+                                   f"nothing was measured)")
+        if p["dtype"] not in DTYPES or not isinstance(p["dtype"], str):
+            self.fail("'dtype'", f"one of {', '.join(map(repr, DTYPES))}", p["dtype"])
+        if not isinstance(p["decay"], bool):
+            self.fail("'decay'", "a JSON boolean (true or false)", p["decay"])
+        for k in _SHAPE_KEYS:
+            if not _is_int(p[k]) or p[k] <= 0:
+                self.fail(repr(k), "a positive integer", p[k])
+        key = (p["dtype"], p["decay"], *(p[k] for k in _SHAPE_KEYS))
+        if key in seen:
+            self.fail("'dtype', 'decay', 'r', 'd', 'bh', 'n'",
+                      f"each point once (point {seen[key]} has the same ones)", list(key))
+        seen[key] = i
+        best = p["best"]
+        if best is not None:
+            self.method("'best'", best)
+        config = p.get("config")
+        if config is not None:
+            self.configs("config", config)
+        configs = p.get("configs", {})
+        if not isinstance(configs, dict):
+            self.fail("'configs'", "an object: {method: {kernel: config}}", configs)
+        for method, cfgs in configs.items():
+            self.method(f"a method of 'configs' ({method!r})", method)
+            if cfgs is not None:
+                self.configs(f"configs[{method!r}]", cfgs)
+        times = p.get("times_ms", {})
+        if not isinstance(times, dict):
+            self.fail("'times_ms'", "an object: {method: milliseconds or null}", times)
+        for method, ms in times.items():
+            self.method(f"a method of 'times_ms' ({method!r})", method)
+            if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms >= 0):
+                self.fail(f"times_ms[{method!r}]", "a non-negative number of milliseconds, or null", ms)
+        pruned = p.get("pruned", [])
+        if not isinstance(pruned, list):
+            self.fail("'pruned'", "a list of methods", pruned)
+        for j, method in enumerate(pruned):
+            self.method(f"pruned[{j}]", method)
+
+    def method(self, key: str, name: Any) -> None:
+        if not isinstance(name, str):
+            self.fail(key, "a method name (a string)", name)
+        if name == "auto":
+            self.fail(key, f"a method auto may run, not auto itself: one of {', '.join(self.methods)}", name)
+        if name not in self.methods:
+            self.fail(key, f"a registered method, not an unknown method {name!r}: one of "
+                           f"{', '.join(self.methods)}", name)
+
+    def configs(self, key: str, configs: Any) -> None:
+        """``configs``: {kernel space name: config}, as a point's ``config`` holds them."""
+        if not isinstance(configs, dict):
+            self.fail(key, "an object: {kernel space name: config}", configs)
+        unknown = sorted(k for k in configs if k not in self.kernels)
+        if unknown:
+            self.fail(key, f"configs of known kernels, not a config for unknown kernels {unknown}: "
+                           f"kernels are {', '.join(sorted(self.kernels))}", configs)
+        for name, cfg in configs.items():
+            self.config(f"{key}[{name!r}]", name, cfg)
+
+    def config(self, key: str, name: str, cfg: Any) -> None:
+        """``cfg`` must be one of kernel ``name``'s configs on the file's family: the space's own list, its
+        ``keep`` rule applied (``pinnable_configs``), so a rule of the space is never restated here."""
+        from .configs import pinnable_configs
+
+        if name not in self.members:
+            listed = pinnable_configs(self.kernels[name].space, self.family)
+            self.members[name] = (frozenset(tuple(sorted(c.items())) for c in listed), listed)
+        members, listed = self.members[name]
+        on = f"kernel '{name}' on the {self.family} family"
+        if not isinstance(cfg, dict):
+            self.fail(key, f"a config of {on} (an object)", cfg)
+        for k, value in cfg.items():
+            if not _is_int(value):
+                self.fail(f"{key}[{k!r}]", "an integer", value)
+        if tuple(sorted(cfg.items())) in members:
+            return
+        params = {k for c in listed for k in c}
+        for k in cfg:
+            if k not in params:
+                self.fail(f"{key}[{k!r}]", f"only the parameters of {on}: {', '.join(sorted(params))}",
+                          cfg[k])
+        for k in sorted(params):
+            if k not in cfg and all(k in c for c in listed):
+                self.fail(f"{key}[{k!r}]", f"every config of {on} to set it")
+        for k, value in cfg.items():
+            values = sorted({c[k] for c in listed if k in c})
+            if value not in values:
+                self.fail(f"{key}[{k!r}]", f"one of {values} ({on})", value)
+        self.fail(key, f"one of the configs of {on}: each value is one of its configs', but none combines them "
+                       f"(the space's rules leave this combination out)", cfg)
 
 
 def read_heuristics(path: str, family: Optional[str] = None, methods: Collection[str] = ()) -> Heuristics:
     """Read and check a heuristic file; ``family`` (if given) must match the file's, and every
-    method it names must be one of ``methods`` (the registered names, handed in by the caller).
+    method it names must be one of ``methods`` (the registered names, handed in by the caller;
+    ``auto`` is never a point's choice).
 
-    Raises :class:`HeuristicsError` naming the file for anything unusable:
-    unreadable or not JSON, another format, a foreign family, unknown methods
-    or kernels, malformed points.
+    The whole file is checked once, here (:class:`Heuristics` then trusts it): the required keys of
+    the file (:data:`FILE_KEYS`) and of every point (:data:`POINT_KEYS`), their JSON types (``decay``
+    a boolean, sizes positive integers, config values integers), the dtype names (:data:`DTYPES`),
+    each point once, every method named known, and every pinned config -- a point's ``config`` and each
+    method's in ``configs`` -- one of its kernel's configs on the file's family
+    (:func:`~leettriton.autotune.configs.pinnable_configs`).
+
+    Raises :class:`HeuristicsError` naming the file, and for a bad point its index, key fields and
+    the key, with what was expected and what was found.
     """
     from .configs import KERNELS
 
@@ -105,28 +267,24 @@ def read_heuristics(path: str, family: Optional[str] = None, methods: Collection
         _fail(path, f"is not valid JSON ({e})")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         _fail(path, f"is not a leettriton heuristic file (expected format {FORMAT!r})")
-    if family is not None and data.get("family") != family:
-        _fail(path, f"was measured on the {data.get('family')!r} family, but this device is {family!r}")
-    points = data.get("points")
+    for k in FILE_KEYS:
+        if k not in data:
+            _fail(path, f"lacks the key {k!r}; expected a file holding {', '.join(FILE_KEYS)}", key=repr(k))
+    if not isinstance(data["family"], str) or not data["family"]:
+        _fail(path, f"'family' is {_found(data['family'])}; expected a family name (a string)", key="'family'")
+    if family is not None and data["family"] != family:
+        _fail(path, f"was measured on the {data['family']!r} family, but this device is {family!r}",
+              key="'family'")
+    for k in ("measured", "grid"):
+        if not isinstance(data.get(k, {}), dict):
+            _fail(path, f"{k!r} is {_found(data[k])}; expected an object", key=repr(k))
+    points = data["points"]
     if not isinstance(points, list):
-        _fail(path, "has no list of points")
+        _fail(path, f"'points' is {_found(points)}; expected a list of points", key="'points'")
+    check = _Checker(path, data["family"], methods, KERNELS)
+    seen: dict[tuple, int] = {}
     for i, p in enumerate(points):
-        try:
-            keys_ok = (isinstance(p["dtype"], str) and all(isinstance(p[k], int) and p[k] > 0
-                                                           for k in ("r", "d", "bh", "n")))
-        except (KeyError, TypeError):
-            keys_ok = False
-        if not keys_ok:
-            _fail(path, f"point {i} lacks dtype, decay, r, d, bh or n")
-        best = p.get("best")
-        if best is None:
-            continue
-        if best not in methods:
-            _fail(path, f"point {i} names an unknown method {best!r}")
-        config = p.get("config") or {}
-        if not isinstance(config, dict) or any(k not in KERNELS or not isinstance(v, dict)
-                                               for k, v in config.items()):
-            _fail(path, f"point {i} has a config for unknown kernels: {sorted(config)}")
+        check.point(i, p, seen)
     return Heuristics(data, path)
 
 

@@ -14,6 +14,12 @@ its best config and the winner::
                  "measured": {"git_sha": ..., "date": ..., "timing": "graph replay", ...},
                  "pruned": [<method>, ...]}, ...]}     # optional: left out (``tune --prune``)
 
+Loading checks the whole file once (:func:`read_heuristics`): the keys each level must hold and their
+JSON types, the dtype names, the methods named (``auto`` is never a choice), each point once, and
+every pinned config one of its kernel's configs on the file's family; anything else is a
+:class:`HeuristicsError` naming the file, the point and the key (docs/design.md §5.4).  Calls then
+trust the loaded table.
+
 At call time :func:`lookup` takes the nearest point -- exact on dtype and decay,
 nearest in log2 space on batch·heads, n, r and d, a tie going to the point with the
 smallest (r, d, batch·heads, n), so the answer never depends on the order of the
@@ -102,7 +108,9 @@ _MISSING = object()
 
 def _found(value: Any) -> str:
     """``value`` as the file spells it, and its JSON type."""
-    kind = ("null" if value is None else "a boolean" if isinstance(value, bool) else
+    if value is None:
+        return "null"
+    kind = ("a boolean" if isinstance(value, bool) else
             "an integer" if isinstance(value, int) else "a number" if isinstance(value, float) else
             "a string" if isinstance(value, str) else "a list" if isinstance(value, list) else "an object")
     text = json.dumps(value)
@@ -150,7 +158,7 @@ class _Checker:
             if k not in p:
                 self.fail(repr(k), f"every point to hold {', '.join(POINT_KEYS)} ('best': null where "
                                    f"nothing was measured)")
-        if p["dtype"] not in DTYPES or not isinstance(p["dtype"], str):
+        if not isinstance(p["dtype"], str) or p["dtype"] not in DTYPES:
             self.fail("'dtype'", f"one of {', '.join(map(repr, DTYPES))}", p["dtype"])
         if not isinstance(p["decay"], bool):
             self.fail("'decay'", "a JSON boolean (true or false)", p["decay"])

@@ -7,10 +7,10 @@ update), num_warps, num_stages.  See methods/fleet_attention/kernels.py.
 Each family's list starts with BT 64, BV 128, 4 warps, the config that timed
 fastest on the H100 at every shape of the experiment that chose this kernel (the
 first fitting config is what runs untuned).  64-row blocks with 128-wide value
-tiles halve the blocks each rank's carry crosses and the passes over b and c; a
-narrower tile or a shorter block repeats them.  The carry update holds BK rows
-of the carries and of c (BK = 32), whatever r, so its registers do not grow
-with r.
+tiles cross fewer block boundaries and read b and c fewer times; that saves more
+than the longer block's extra multiply-adds (BT per rank and row) cost.  The
+carry update holds BK rows of the carries and of c (BK = 32), whatever r, so its
+registers do not grow with r.
 
 One program holds in registers the [BT, BV] float32 output accumulator and the
 product h_k ([BT, BV] float32), the block's v tile and L as an operand ([BT, BT],

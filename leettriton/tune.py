@@ -96,9 +96,9 @@ def time_method(method, b, c, v, gamma, retune: bool, recorded: Optional[dict] =
     kernel of ``Method.whole_call`` that ran, each of its other configs pinned beside the chosen ones and
     timed in the whole call (:func:`_refined`).
 
-    The recorded configs are timed because a retune twice chose configs that ran 15-60% slower in the
-    whole call than the ones the file held (perf/results/h100/tune_r256_descriptors.log,
-    tune_r256_rule.log): measured again, a point keeps the faster of the two."""
+    The recorded configs are timed because a retune can choose configs that run slower in the whole call
+    than the ones the file held (the autotuner ranks each kernel timed alone): measured again, a point keeps
+    the faster of the two (docs/design.md §5.5)."""
     p, _ = make_problem(b, c, v, gamma)
     spec = registry.builtin(method)
     family = current_family(p.v.device)
@@ -145,9 +145,9 @@ def _refined(p, method: str, spaces, family, ms: float, config: dict, launched: 
     whole call, with ``config``'s others pinned; the fastest is kept.
 
     An autotuner times its kernel alone, on its own inputs, after the launches before it.  In the
-    whole call a kernel also shares the GPU with its neighbours' tails and finds their data in L2:
-    block_based's segment-state pass took the call from 0.216 to 0.211 ms with tiles that tie with the
-    autotuner's choice alone (perf/results/h100/state_configs.log)."""
+    whole call a kernel also shares the GPU with its neighbours' tails and finds their data in L2, so
+    block_based's segment-state pass has tiles that tie timed alone and differ in the whole call
+    (docs/design.md §5.5)."""
     for space in spaces:
         args = launched.get(space.name)
         if args is None:
@@ -169,11 +169,9 @@ def _whole_call_ms(p, method: str, config: dict) -> float:
     runs the call once first, compiling what has not been), timed by ``do_bench`` (L2 cleared before each
     replay), as ``perf/bench_auto.py`` times ``auto`` and the methods it is checked against.
 
-    The kernels' time, not the host's: timed from Python, a call of under about 0.07 ms took the host's
-    time, which swung with the host's load between runs (float16 64 × 128 without decay, ``vanilla``, the same
-    kernel in all three: 0.011 ms in perf/results/h200/tune.log, 0.022 and 0.058 in the two parts of
-    tune_fp16_checked.log), and the fastest method there was the host's choice.  A call that cannot be
-    captured raises (no method's call on a rectangular problem reads a device value on the host)."""
+    The kernels' time, not the host's: timed from Python, a short call takes the host's time, which swings
+    with the host's load between runs, and the fastest method there would be the host's choice
+    (docs/design.md §5.5).  A call that cannot be captured raises (no method's call on a rectangular problem reads a device value on the host)."""
     from triton.testing import do_bench
 
     replay = graph_replay(lambda: run_problem(p, method, config))
@@ -351,8 +349,8 @@ def _warm(workers: int, cases: list) -> None:
     """Compile the kernel variants and configs of ``cases`` (:func:`leettriton.autotune.warm.cases_tasks`) in
     ``workers`` processes before the first point: a point's autotuners otherwise compile each config of a
     variant they have not met (the segmented walk, each size class of the segment-state pass) one by one, in
-    the point's time (perf/results/h100/tune_remeasure.log: the first segmented point of each series, whose
-    variants the warm before had not compiled, 12-22 s; the others 1-5 s)."""
+    the point's time, so the first segmented point of each series would take several times the others
+    (docs/design.md §5.5)."""
     from .autotune import warm
 
     warm.compile_tasks(warm.cases_tasks(cases), workers)

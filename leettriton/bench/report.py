@@ -31,7 +31,7 @@ def echo(text: str) -> None:
 
 
 def fmt_ms(ms: Optional[float]) -> str:
-    """``"0.291 ms"``, ``"1.72 ms"``, ``"187 ms"``; a dash for None."""
+    """Milliseconds with three decimals below 1, two below 100, none from 100, and the unit; a dash for None."""
     if ms is None:
         return "—"
     if ms >= 100:
@@ -52,7 +52,7 @@ def read_results(path: str, option: str) -> tuple[dict, list]:
 
 
 def progress_line(count: int, total: int, row: dict) -> str:
-    """One line per measured cell: ``[ 3/14] float16  B=1   n=32     decay vanilla_torch   0.213 ms (p20 …``."""
+    """One line per measured cell: ``[ 3/14] float16  B=1   n=32     decay vanilla_torch   <median> (p20 …``."""
     width = len(str(total))
     head = (f"[{count:>{width}}/{total}] {row['dtype']:<8} B={row['batch']:<3} n={row['n']:<6} "
             f"{'decay' if row['decay'] else 'plain'} {row['method']:<28}")

@@ -148,7 +148,7 @@ def cpu_time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float =
     ``threads``: PyTorch's intra-op threads while timing (default :data:`CPU_THREADS`, one;
     None leaves the setting alone).  On the small shapes a CPU run uses, a thread pool gains
     nothing, and on a busy machine each call waits for its descheduled workers: timings
-    then come in multiples of the scheduler's tick (24 ms for a call of 0.3 ms), whatever
+    then come in multiples of the scheduler's tick, far longer than the call, whatever
     the method.
 
     Example::

@@ -24,15 +24,10 @@ def _state_fits(cfg, args) -> bool:
 
 # sm_90: one warpgroup with state tiles up to 128 × 64, or two with 128 × 128 (a quarter of the programs
 # at r = 256, d = 512, each re-reading c and v half as often), or with 256 × 128 at r > 128: all of r in
-# one program, c read once per value tile.  At RetNet-1.3B's layer (8 heads, r = 256, d = 512, float16,
-# H100, both kernels' configs pinned) the 256 × 128 tiles took block_based from 0.216 to 0.211 ms at
-# 1 × 8192, 0.779 to 0.761 at 1 × 32768 and 0.427 to 0.394 at 2 × 8192 (the state pass in two pieces:
-# 0.083 to 0.056 ms); 256-wide value tiles and 2 stages were slower (perf/results/h100/state_configs.log).
-# The tuner times this kernel alone, where the tiles tie at 1 × 8192, and then in the whole call
-# (Method.whole_call).  A fourth stage (192 KB of tiles) took the 256 × 128 pass from 0.0524 to 0.0499 ms at
-# 1 × 8192, 0.1589 to 0.1551 at 1 × 32768 and 0.0567 to 0.0548 at 2 × 8192, and the whole call 0.212 to
-# 0.209 at 1 × 8192; 32-row steps with 4-8 stages and deeper pipelines of the smaller tiles were no faster
-# (perf/results/h100/state_stages.log)
+# one program, c read once per value tile: at RetNet-1.3B's layer (r = 256, d = 512) the fastest, most of all
+# where the pass runs in pieces; 256-wide value tiles and 2 stages were slower there.  A fourth stage (192 KB
+# of tiles) pays a little for the 256 × 128 tile; deeper pipelines of the smaller tiles do not.  The tiles tie
+# timed alone, so the tuner also times them in the whole call (Method.whole_call; docs/design.md §3.5, §5.5).
 _SM90 = [dict(BT=[64, 128], BK=[64, 128], BV=[32, 64], num_warps=[4], num_stages=[2, 3]),
          dict(BT=[64], BK=[128], BV=[128], num_warps=[8], num_stages=[2, 3]),
          dict(BT=[64], BK=[256], BV=[128], num_warps=[8], num_stages=[3, 4])]
@@ -47,9 +42,8 @@ def pass_wave(sums: int, r: int, d: int, family: Family) -> int:
     less) to 1 (two waves or more).  A key of the pass's autotuner beside r, d and the flags, so that a tile chosen
     for a pass of a few programs (1 × 32 heads × 2048 at r = d = 128: 32 sums, a quarter of a wave) is not the one
     a pass of several waves runs (× 100 000: 256 sums in pieces), and at most five choices are made per key
-    whatever the sequence lengths.  Tuned first at 1 × 2048 and kept, the 4-warp 128 × 32 tile took explicit
-    block_based to 1.644 ms at 1 × 32 × 100 000 (float16, H200), where the 8-warp 128 × 128 tile tuned at a
-    longer n took it to 1.380 (perf/results/h200/explicit_configs.log)."""
+    whatever the sequence lengths.  Without it a small tile tuned first at a short n was kept for every longer
+    one, where a large tile is much faster (docs/design.md §5.3)."""
     programs = max(1, sums * cdiv(r, WAVE_TILE) * cdiv(d, WAVE_TILE))
     return max(-3, min(1, math.floor(math.log2(programs / family.num_sms))))
 

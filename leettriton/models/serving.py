@@ -11,7 +11,7 @@ Run as a command, it serves a synthetic stream of requests on a model with rando
 throughput and the latencies::
 
     python -m leettriton.models.serving --model retnet --requests 256 --rate 32 \
-        --json perf/results/h100/serving_retnet.json
+        --json serving_retnet.json
 """
 from __future__ import annotations
 

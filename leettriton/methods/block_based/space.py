@@ -68,20 +68,16 @@ LARGE_STATE = 256 * 256
 their walks still get at most one program a multiprocessor (:func:`segmenting`).  Their walk's time per row is that
 of its products (r·d multiply-adds a row), not of its reads, and a segment's start state (r·d floats) grows with it,
 so its share of a segment's time stays that of a narrow walk's start state at 512 rows; but a second program on a
-multiprocessor adds no speed to products that already keep it busy, while more segments add state-pass work.  On an
-H200 at RetNet-1.3B's layer (heads 8, r = 256, d = 512), each call's kernels alone, float16, batch 1: n = 2048 with
-the 8-warp walk (one program a multiprocessor) in four segments of 512 rows 0.072 ms against two of 1024 0.098, and
-with the 4-warp walk (two a multiprocessor) in two of 1024, 128 programs, 0.078 against four of 512, 256 programs,
-0.090; n = 1024 with the 4-warp walk in two segments of 512 0.046 against one 0.059; n = 3072 with the 8-warp walk
-in four of 768 0.093 against three of 1024 0.099; bfloat16 alike (perf/results/h200/segments_r256.log)."""
+multiprocessor adds no speed to products that already keep it busy, while more segments add state-pass work.  So
+shorter segments pay for the one-program walk and not beyond it, as measured at RetNet-1.3B's layer (heads 8,
+r = 256, d = 512; docs/design.md §3.6)."""
 
 SHORT_MIN_SEGMENT = 512
 """Fewest rows per segment for a small state (and, up to one program a multiprocessor, a large one), while the
 walk still sums its own start states (at most ``PREFIX_SEGMENTS`` segments: a scan launch costs more than the
 shorter segments save).  At r = d = 64 the state is 16 KB, the same share of 512 rows' inputs as at r = d = 128
-of 1024.  On an H200, float16, 1 × 16 heads × 2048 took 23.3 µs in segments of 512 rows against 34.8 in segments
-of 1024, 1 × 16 × 4096 26.9 against 35.6; 1 × 16 × 8192 in 16 segments of 512 (with the scan) 53.3 against 43.5
-in 8 of 1024 (perf/results/h200/short_segments.log)."""
+of 1024.  Short segments pay while the walk sums its own start states; once they would need the scan, its launch
+costs more than they save (docs/design.md §3.6)."""
 
 
 def short_min_segment(n: int) -> int:
@@ -111,10 +107,9 @@ that segment ends cut chunks short."""
 REFERENCE_BV = 64
 """Value-tile width the segment count assumes when no config is pinned (while the walk is autotuned),
 where :func:`reference_walk` names no other: the width the tuner picks at r = d = 128 on sm_90.
-Assuming 32 there halved the segments the tuned 64-wide walk then ran with (one
-program per SM instead of two): 2.77 ms at 1 × 32 heads × 100 000 in float16
-with decay, against 2.48 ms with the segment count of its own width
-(perf/results/h100/walk_configs.log, where 32-wide tiles took 4.68 ms)."""
+A reference narrower than the width that runs would halve the segments the tuned
+walk then runs with (one program per SM instead of two), which is slower: the
+reference must be the width the tuner picks (docs/design.md §3.6)."""
 
 ONE_PER_SM_FAMILIES = ("h100", "h200")
 """Families (sm_90) whose 16-bit walks at r > 64 are cut, while autotuned, for one program a multiprocessor
@@ -138,9 +133,8 @@ def one_per_sm_reference(r: int, d: int, itemsize: int, family: Family) -> Optio
     128-wide tiles on 8 warps at r > 128 (d ≥ 128).  Of the segmented block_based points at r = d = 128,
     h200.json chose 64-wide tiles, one program a multiprocessor, at 62 of 62 and h100.json at 57 of 62; at
     r = 256, d = 512 the 8-warp 128-wide walk at 29 of 31 and 10 of 12.  Cut for two programs a
-    multiprocessor, the autotuned walk at r = d = 128 took 0.169 ms at 1 × 32 heads × 8192 and 1.77 at
-    × 100 000 (float16, decay, H200), where the file's one-program walk took 0.131 and 1.42
-    (perf/results/h200/bench_chunked_batch1.md)."""
+    multiprocessor, an autotuned walk that then picks a one-program config runs half its programs in a second
+    wave, slower than the file's one-program walk (docs/design.md §3.6, §5.5)."""
     rp = pow2(min(r, WALK_MAX_R))
     if family.name not in ONE_PER_SM_FAMILIES or itemsize != 2 or rp <= 64:
         return None

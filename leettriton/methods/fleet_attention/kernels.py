@@ -7,8 +7,8 @@ sequence,
 
 which is the state recursion of docs/design.md §1.2 read column by column: h_k[t] is row
 k of the state S_t.  Row by row this is a chain of n dependent steps per rank
-and value column (latency bound on CUDA cores: 9.5 ms at 1 × 32 heads × 8192,
-r = d = 128, fp16, on an H100, 27× the chunked lightning_attention).  Here it
+and value column (latency bound on CUDA cores, many times slower than the
+chunked lightning_attention).  Here it
 runs a block of BT rows at a time, with the relative decays of docs/design.md §3.7
 (local row indices i, j of the block):
 
@@ -32,11 +32,9 @@ Cost per batch·head: n·r·d·BT multiply-adds on tensor cores for the rank loo
 operations on CUDA cores (c ⊙ v, the carry term, the b-weighted sum; 3 more for
 16-bit inputs, splitting c ⊙ v); memory traffic: b, c, v read once per
 value tile (the columns of b and c come from L1/L2 for each rank), o written
-once, the [r, BV] carry slice read once per block and written once.  On the
-H100 at r = d = 128, heads 32, with decay (perf/results/h100/bench_fleet_recursion.md):
-float16 2.07 ms at batch 1 × 8192, 23.8 ms at 1 × 100 000, 30.0 ms at 16 × 8192
-(the scan: 9.7, 146, 151 ms); float32 ("ieee") 6.66 ms at 1 × 8192.  The float16
-figures were measured with one float16 product per rank, before c ⊙ v was split.
+once, the [r, BV] carry slice read once per block and written once.  The BT
+factor is why it does not beat the chunked methods on the GPUs measured; it is
+kept as the library's fast form of FleetAttention (docs/design.md §3.7).
 
 One program owns the [BT, BV] output tiles of one batch·head, one BV slice of
 the value columns and one segment of the sequence; it walks the segment in

@@ -4,23 +4,13 @@ Axes: BT (rows per block: the [BT, BT] decay matrix L and the rows of each
 tile product), BV (value columns per program), BK (ranks per slice of the carry
 update), num_warps, num_stages.  See methods/fleet_attention/kernels.py.
 
-Measured on an H100 (fp16, heads 32, r = d = 128, with decay) by the experiment
-that chose this kernel (perf/fleet_dot.py, in the history before it became the
-library's kernel), beside the row-by-row scan it replaced:
-
-    batch × n     best config                          time     the row-by-row scan
-    1 × 8192      BT 64, BV 128, 4 warps, 2 stages     2.16 ms   9.7 ms
-                  BT 64, BV  64, 4 warps               2.45 ms
-                  BT 32, BV 128, 4 warps               2.87 ms
-    1 × 2048      BT 64, BV 128, 4 warps               0.63 ms
-    1 × 100 000   BT 64, BV 128, 4 warps, 2 stages    25.3 ms   146 ms
-    16 × 8192     BT 64, BV 128, 4 warps, 1 stage     32.3 ms   151 ms   (8 warps: 47 ms)
-
-so each family's list starts with BT 64, BV 128, 4 warps (the first fitting
-config is what runs untuned).  The experiment's carry update held all r rows of
-the carries ([r, BV] float32) and of c ([BT, r] float32) at once: 256 + 128
-values per thread at r = 256, BT 64, BV 128, 4 warps; it now holds BK rows
-(BK = 32: 32 + 16), whatever r.
+Each family's list starts with BT 64, BV 128, 4 warps, the config that timed
+fastest on the H100 at every shape of the experiment that chose this kernel (the
+first fitting config is what runs untuned).  64-row blocks with 128-wide value
+tiles cross fewer block boundaries and read b and c fewer times; that saves more
+than the longer block's extra multiply-adds (BT per rank and row) cost.  The
+carry update holds BK rows of the carries and of c (BK = 32), whatever r, so its
+registers do not grow with r.
 
 One program holds in registers the [BT, BV] float32 output accumulator and the
 product h_k ([BT, BV] float32), the block's v tile and L as an operand ([BT, BT],

@@ -220,7 +220,7 @@ _CHECKED_MIN_R = 128
 CHECKED_MIN_R = tl.constexpr(_CHECKED_MIN_R)
 """float16 walks with r (rounded up to a power of two) at least this wide are checked, with a redo launch; narrower
 ones scale every chunk's operand (one launch): at r = 64 the scaling is cheap and the redo's launch is not
-(H200, 1 × 16 × 2048: 24.2 µs scaled, 25.5 checked; perf/results/h200/walk_fp16_checked.log)."""
+(docs/design.md §2.3)."""
 
 FP16_ROW_FLOOR = tl.constexpr(2.0 ** -8)
 """float16's checked mode rounds a state row as it is only when its largest rounded magnitude is zero or in
@@ -309,7 +309,7 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
     m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
     row_decay = decay(lam, o_t + 1, HAS_DECAY)
     # the check's maxima from the 16-bit copy where one tile holds all of r (r = 256 at 8 warps: the cheaper
-    # reduction), else from the float32 tiles (perf/results/h200/walk_fp16_checked.log)
+    # reduction), else from the float32 tiles, which cost less to reduce than two copies (docs/design.md §2.3)
     FROM_COPY: tl.constexpr = NK == 1
     bad = tl.zeros([BV], dtype=tl.int32)
     for t0 in range(t_start, t_end, BT):
@@ -564,9 +564,8 @@ def redo_by_pdl(p, flags: Optional[torch.Tensor]) -> bool:
 
     The checked walk then lets the redo's grid in once each of its programs has started, and each redo
     program waits for the whole walk, its writes visible, before it reads its flag: the redo's launch and the
-    scheduling of its programs overlap the walk's last programs instead of following them.  At RetNet-1.3B's
-    layer, 1 × 8192, on an H200 that saved 3.1 of the redo's 3.7 µs in one run and nothing measurable in
-    another (docs/design.md §2.3)."""
+    scheduling of its programs overlap the walk's last programs instead of following them, which hides most
+    of the redo's cost where nothing is flagged (docs/design.md §2.3)."""
     if flags is None:
         return False
     capability = current_family(p.v.device).capability  # None under the interpreter (the cpu family)

@@ -8,9 +8,10 @@ float16 by default (``--dtype``).  Each cell reports
   after a warm call that absorbs compilation and autotuning; on a CPU, wall-clock
   medians of repeated calls after warm-up calls (:func:`~leettriton.bench.timing.cpu_time_ms`),
   which say nothing of GPU performance;
-* the ratio to the **memory floor**: the bytes of b, c, v and o read/written once,
-  divided by the copy bandwidth measured at the start of the run;
-* the relative error ‖o − o_ref‖ / ‖o_ref‖ against the float64 oracle
+* on a GPU, the ratio to the **memory floor**: the bytes of b, c, v and o read/written once,
+  divided by the copy bandwidth measured at the start of the run (a CPU run records it in its
+  rows but does not print it: a CPU's floor says nothing of the kernels);
+* the relative error ‖o − o_ref‖ / ‖o_ref‖ against the float64 oracle (``err vs fp64``)
   (:func:`leettriton.reference`, computed in float64 on the inputs' device).  When
   batch·heads·n exceeds :data:`ERR_MAX_ROWS` rows, the error is taken on an evenly
   spaced subset of batch elements and heads (always the whole sequence, so late
@@ -178,8 +179,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
                 + ", one warm call first",
                 budget_s=args.budget_s,
                 err_max_rows=ERR_MAX_ROWS, peers=notes)
-    log(f"{meta['device']}  copy bandwidth {bw / 1e9:.1f} GB/s  torch {meta['torch']}  triton {meta['triton']}  "
-        f"git {str(meta['git_sha'])[:10]}")
+    bandwidth = f"  copy bandwidth {bw / 1e9:.1f} GB/s" if kind == "cuda" else ""
+    log(f"{meta['device']}{bandwidth}  torch {meta['torch']}  triton {meta['triton']}  git {str(meta['git_sha'])[:10]}")
     for x in notes:
         log(x)
     log(f"methods: {', '.join(e.label for e in entries)}")

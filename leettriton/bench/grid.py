@@ -141,6 +141,7 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
     are taken as they are, not measured again (their times still count for the budget).
     """
     device = resolve_device(device)
+    show_floor = device.type == "cuda"   # a CPU's memory floor says nothing of the kernels: not printed
     done = done or {}
     log = log or echo
     bandwidth = bandwidth or copy_bandwidth(device)
@@ -199,7 +200,7 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                                 if earlier["median_ms"] > budget_s * 1e3:
                                     over_budget[key] = (f"n = {n} took {earlier['median_ms'] / 1e3:.1f} s > budget "
                                                         f"{budget_s:g} s")
-                            log(progress_line(count, total, earlier) + "  (from the earlier run)")
+                            log(progress_line(count, total, earlier, floor=show_floor) + "  (from the earlier run)")
                             continue
                         if deadline is not None and time.time() > deadline:
                             m = Measurement("skipped", note="the run's time limit was reached")
@@ -245,7 +246,7 @@ def run_grid(entries: Sequence[Entry], *, dtypes: Sequence, batches: Sequence[in
                                    correct=None if m.rel_err is None else m.status != "WRONG",
                                    status=m.status, note="; ".join(notes))
                         rows.append(row)
-                        log(progress_line(count, total, row))
+                        log(progress_line(count, total, row, floor=show_floor))
                     orc = None
                 b = c = v = None
                 free_memory()

@@ -51,15 +51,24 @@ def read_results(path: str, option: str) -> tuple[dict, list]:
             raise ValueError(f"{option}: {path} is not a leettriton.bench --json file ({exc})") from None
 
 
-def progress_line(count: int, total: int, row: dict) -> str:
-    """One line per measured cell: ``[ 3/14] float16  B=1   n=32     decay vanilla_torch   <median> (p20 …``."""
+def progress_line(count: int, total: int, row: dict, *, floor: bool = True) -> str:
+    """One line per measured cell: ``[ 3/14] float16  B=1   n=32     decay vanilla_torch   <median> (p20 …``.
+
+    The time is followed by its ratio to the memory floor (``2.1x floor``: the time to read b, c, v and
+    write o once at the measured copy bandwidth), unless ``floor`` is False (a CPU run, where that ratio
+    means nothing), then by the relative error against the float64 oracle (``err vs fp64``), with the
+    (batch, head) subset it was taken on when not the whole output."""
     width = len(str(total))
     head = (f"[{count:>{width}}/{total}] {row['dtype']:<8} B={row['batch']:<3} n={row['n']:<6} "
             f"{'decay' if row['decay'] else 'plain'} {row['method']:<28}")
     if row["median_ms"] is not None:
-        err = "" if row["rel_err"] is None else f"  err {row['rel_err']:.1e} ({row['err_scope']})"
-        body = (f"{fmt_ms(row['median_ms']):>10} (p20 {row['p20_ms']:.4g}, p80 {row['p80_ms']:.4g})  "
-                f"{row['ratio']:.1f}x floor{err}  {row['status']}")
+        err = ""
+        if row["rel_err"] is not None:
+            scope = row.get("err_scope")
+            err = f"  err vs fp64 {row['rel_err']:.1e}" + ("" if scope in (None, "all") else f" (on {scope})")
+        ratio = f"  {row['ratio']:.1f}x floor" if floor and row.get("ratio") is not None else ""
+        body = (f"{fmt_ms(row['median_ms']):>10} (p20 {row['p20_ms']:.4g}, p80 {row['p80_ms']:.4g})"
+                f"{ratio}{err}  {row['status']}")
     else:
         body = row["status"]
     if row["note"]:
@@ -115,9 +124,10 @@ def fastest(rows: Sequence[dict]) -> Optional[str]:
 def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
     """The paper's tables: one per dtype, batch and decay, a method per line and an n per column.
 
-    Time cells read ``median (ratio × memory floor)``; the fastest correct method of a
-    column is in bold when its lead exceeds the timing spread (:func:`fastest`), and a
-    line under the table names the columns where it does not.  A second table per group
+    Time cells read ``median (ratio × memory floor)``, the floor being the time to read b, c, v and write
+    o once at the measured copy bandwidth (a CPU run shows the median alone: a CPU's floor says nothing of
+    the kernels); the fastest correct method of a column is in bold when its lead exceeds the timing
+    spread (:func:`fastest`), and a line under the table names the columns where it does not.  A second table per group
     gives the relative errors.  Legend: ``n/a`` not implemented, ``OOM`` out of memory,
     ``skip`` larger n skipped after a cell exceeded the time budget, ``ERR`` an exception
     (see the rows' notes), ``WRONG`` error above the dtype's tolerance.  With ``meta`` of a
@@ -127,7 +137,8 @@ def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
     for row in rows:
         groups.setdefault((row["dtype"], row["batch"], row["decay"], row["heads"], row["r"], row["d"]), []).append(row)
     out = []
-    if meta is not None and meta.get("device") == "cpu":
+    on_cpu = meta is not None and meta.get("device") == "cpu"
+    if on_cpu:
         out.append(f"{CPU_TIMING_NOTE}\n")
     for (dt, batch, decay, heads, r, d), grp in groups.items():
         ns = sorted({row["n"] for row in grp})
@@ -139,7 +150,7 @@ def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
                 and sum(row["n"] == n and row["status"] == "ok" and row["median_ms"] is not None for row in grp) > 1]
         decay_txt = "with decay" if decay else "without decay"
         out.append(f"### {dt}, batch {batch}, {decay_txt} — heads {heads}, r = {r}, d = {d}\n")
-        body = [["memory floor"] + [fmt_ms(floor[n]) for n in ns]]
+        body = [] if on_cpu else [["memory floor"] + [fmt_ms(floor[n]) for n in ns]]
         for m in methods:
             line = [m]
             for n in ns:
@@ -151,14 +162,16 @@ def format_tables(rows: Sequence[dict], *, meta: Optional[dict] = None) -> str:
                 if status is not None:
                     line.append(status)
                     continue
-                txt = f"{fmt_ms(row['median_ms'])} ({row['ratio']:.1f}×)"
+                txt = fmt_ms(row["median_ms"])
+                if not on_cpu and row.get("ratio") is not None:
+                    txt += f" ({row['ratio']:.1f}×)"
                 if row["status"] == "WRONG":
                     txt += " WRONG"
                 if best.get(n) == m:
                     txt = f"**{txt}**"
                 line.append(txt)
             body.append(line)
-        out.append(markdown_table(["median (× floor)"] + [f"n = {n}" for n in ns], body))
+        out.append(markdown_table(["median" if on_cpu else "median (× floor)"] + [f"n = {n}" for n in ns], body))
         if ties:
             out.append(f"\nNo method in bold at {', '.join(f'n = {n}' for n in ties)}: the fastest's lead is within "
                        f"the timing spread (its p80 is not below every other method's p20).")

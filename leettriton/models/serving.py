@@ -10,8 +10,10 @@ that finished.
 Run as a command, it serves a synthetic stream of requests on a model with random weights and prints the
 throughput and the latencies::
 
-    python -m leettriton.models.serving --model retnet --requests 256 --rate 32 \
-        --json serving_retnet.json
+    python -m leettriton.models.serving --model retnet --requests 256 --rate 32 --out perf/results
+
+``--out DIR`` writes the result under ``DIR/<family>/`` (the GPU family it ran on, ``cpu`` on a CPU), so a
+run never lands among another GPU's results; ``--json PATH`` names the file itself.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import torch
 
 from .. import registry
 from ..api import VARLEN_NATIVE
+from ..autotune.families import FAMILIES, current_family
 
 __all__ = ["ContinuousBatchingGenerator", "Completion", "StepStats", "sample_tokens", "counter_uniforms", "main"]
 
@@ -563,8 +566,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0, help="the stream's seed (lengths, tokens, arrivals)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up stream (compiles, autotuning)")
-    p.add_argument("--json", metavar="PATH", help="write the result to PATH and a Markdown table to PATH's .md")
+    p.add_argument("--out", metavar="DIR", help="results root: write DIR/<family>/serving_<model>[_<dtype>].json "
+                   "and its .md, <family> being the GPU family this runs on (cpu on a CPU), e.g. perf/results")
+    p.add_argument("--json", metavar="PATH", help="write the result to PATH and a Markdown table to PATH's .md "
+                   "(refused in a folder named after another GPU family)")
     args = p.parse_args(argv)
+    if args.out and args.json:
+        raise SystemExit("give --out DIR (the file is named for you) or --json PATH, not both")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gpu = device.type == "cuda"
     defaults = dict(requests=(256, 12), prompt_min=(128, 1), prompt_max=(2048, 24), new_tokens=(128, 8),
@@ -578,6 +586,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         raise SystemExit(f"--prompt-max ({args.prompt_max}) must be at least --prompt-min ({args.prompt_min})")
     if args.rate < 0:
         raise SystemExit(f"--rate must be ≥ 0, got {args.rate}")
+    path = _result_path(args, current_family(device).name, default_dtype=defaults["dtype"][0 if gpu else 1])
     dtype = getattr(torch, args.dtype)
     model, config = _model(args.model, gpu, dtype, device, args.method)
     options = dict(slots=args.slots, max_prefill_tokens=args.max_prefill_tokens)
@@ -604,14 +613,31 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     }
     table = _markdown(result)
     print(table)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
+        with open(os.path.splitext(path)[0] + ".md", "w") as f:
             f.write(table)
-        print(f"wrote {args.json} and {os.path.splitext(args.json)[0] + '.md'}")
+        print(f"wrote {path} and {os.path.splitext(path)[0] + '.md'}")
     return result
+
+
+def _result_path(args, family: str, *, default_dtype: str) -> Optional[str]:
+    """Where the command writes its result: ``--out DIR`` → ``DIR/<family>/serving_<model>[_<dtype>].json`` (the
+    dtype named when it is not the device's default), ``--json PATH`` → PATH, else nowhere.  A ``--json`` path
+    in a folder named after a GPU family other than ``family`` (``perf/results/h100/`` on an H200 or a CPU) is
+    refused before anything runs: results of one GPU never land among another's."""
+    if args.out:
+        suffix = "" if args.dtype == default_dtype else f"_{args.dtype}"
+        return os.path.join(args.out, family, f"serving_{args.model}{suffix}.json")
+    if args.json:
+        folder = os.path.basename(os.path.dirname(os.path.abspath(args.json)))
+        named = folder.split("-x")[0]   # a multi-GPU host's folder: h200-x4
+        if named in FAMILIES and named != family:
+            raise SystemExit(f"--json {args.json}: that folder holds {named}'s results, but this runs on {family}; "
+                             f"use --out DIR (it writes DIR/{family}/) or another path")
+    return args.json
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ that finished.
 Run as a command, it serves a synthetic stream of requests on a model with random weights and prints the
 throughput and the latencies::
 
-    python -m leettriton.models.serving --model retnet --requests 256 --rate 32 --out perf/results
+    python -m leettriton.models.serving --model retnet --requests 256 --rate 32 --out results
 
 ``--out DIR`` writes the result under ``DIR/<family>/`` (the GPU family it ran on, ``cpu`` on a CPU), so a
 run never lands among another GPU's results; ``--json PATH`` names the file itself.
@@ -567,7 +567,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--seed", type=int, default=0, help="the stream's seed (lengths, tokens, arrivals)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up stream (compiles, autotuning)")
     p.add_argument("--out", metavar="DIR", help="results root: write DIR/<family>/serving_<model>[_<dtype>].json "
-                   "and its .md, <family> being the GPU family this runs on (cpu on a CPU), e.g. perf/results")
+                   "and its .md, <family> being the GPU family this runs on (cpu on a CPU)")
     p.add_argument("--json", metavar="PATH", help="write the result to PATH and a Markdown table to PATH's .md "
                    "(refused in a folder named after another GPU family)")
     args = p.parse_args(argv)
@@ -626,7 +626,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 def _result_path(args, family: str, *, default_dtype: str) -> Optional[str]:
     """Where the command writes its result: ``--out DIR`` → ``DIR/<family>/serving_<model>[_<dtype>].json`` (the
     dtype named when it is not the device's default), ``--json PATH`` → PATH, else nowhere.  A ``--json`` path
-    in a folder named after a GPU family other than ``family`` (``perf/results/h100/`` on an H200 or a CPU) is
+    in a folder named after a GPU family other than ``family`` (``results/h100/`` on an H200 or a CPU) is
     refused before anything runs: results of one GPU never land among another's."""
     if args.out:
         suffix = "" if args.dtype == default_dtype else f"_{args.dtype}"

@@ -134,7 +134,7 @@ def confirm_rounds(calls, rounds: int = ROUNDS, rep_ms: float = ROUND_MS, timer=
     call once in turn (``timer(fn, rep_ms)`` → ms; ``time_ms``'s median by default).
 
     The cells take 0.04-2 ms, and one ``do_bench`` of the same config moves by up to 0.04 ms between
-    timings a minute apart (perf/results/h100/bench_auto64_runs.log): alternating the calls puts ``auto``
+    timings a minute apart (an H100's repeated runs, in git history): alternating the calls puts ``auto``
     and the methods it is compared with under the same conditions, and the median of the rounds drops a
     round that met a slow spell."""
     timer = timer or (lambda fn, ms: time_ms(fn, rep_ms=ms, warm=False)[0])

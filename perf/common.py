@@ -12,9 +12,7 @@ oracle, peers) is :mod:`leettriton.bench`'s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shlex
 import sys
 from typing import Callable, Optional, Sequence
@@ -27,11 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import render  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-
-
-def _command_key(command: str) -> str:
-    """A command without its ``--out DIR`` (where a run was written does not make it another run)."""
-    return re.sub(r"\s--out(=|\s+)\S+", "", command or "").strip()
 
 
 def _json_safe(x):
@@ -54,30 +47,13 @@ def write_run(path: str, meta: dict, rows: Sequence[dict], *, title: str, tables
     ``meta`` must hold ``command`` (and, from :func:`leettriton.bench.environment`, the device, versions,
     ``git_sha`` and ``date``); ``tables`` are ``{"title", "headers", "body", "text"}`` entries (any may be
     None or empty).  Runs already in the file are kept before this one, except those it replaces: the runs
-    of the same command (less ``--out``), or those ``replaces(run)`` is true of; the file is one run ``{"meta", "title", "tables", "rows"}`` or several,
-    ``{"runs": [...]}``.  Returns the path written.
+    of the same command (less ``--out``), or those ``replaces(run)`` is true of (``render.save_run``).  The
+    file is one run ``{"meta", "title", "tables", "rows"}`` or several, ``{"runs": [...]}``.  Returns its path.
     """
     if not meta.get("command"):
         raise ValueError(f"write_run: meta must record the command of the run, got keys {sorted(meta)}")
     run = {"meta": meta, "title": title, "tables": [dict(t) for t in tables], "rows": list(rows)}
-    jpath = path[:-5] if path.endswith(".json") else path
-    jpath += ".json"
-    runs = []
-    if replaces is None:
-        def replaces(old: dict) -> bool:
-            return _command_key(old["meta"].get("command", "")) == _command_key(meta["command"])
-    if os.path.exists(jpath):
-        try:
-            runs = [r for r in render.load(jpath) if not replaces(r)]
-        except (ValueError, KeyError, json.JSONDecodeError):
-            runs = []          # not a result file of ours: replaced
-    runs.append(run)
-    os.makedirs(os.path.dirname(os.path.abspath(jpath)), exist_ok=True)
-    data = runs[0] if len(runs) == 1 else {"runs": runs}
-    with open(jpath, "w") as f:
-        json.dump(_json_safe(data), f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    return jpath
+    return render.save_run(path, _json_safe(run), replaces=replaces)
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
     python perf/render.py            # write perf/results/*/README.md and README.md's headline block
     python perf/render.py --check    # write nothing; exit 1 naming each rendered file that is out of date
     python perf/render.py --plots    # also redraw each GPU's bench_main.png from bench_main.json (matplotlib)
+    python perf/render.py --fold SRC.json DST.json   # move SRC's runs into DST (a partial run into its file)
 
 The data are the ``perf/results/<gpu>/<benchmark>.json`` files the benchmarks write (perf/common.py's
 ``Report``, ``python -m leettriton.bench --json``).  A file holds one run, ``{"meta", "rows", "tables"?,
@@ -16,7 +17,9 @@ rows when it ran.  A run without ``tables`` (``leettriton.bench``'s) is shown by
 README.md is touched only between the two marker lines (:data:`BEGIN`, :data:`END`); the headline there
 takes its cells from the rows of ``bench_chunked.json`` (the operator at heads 32, r = d = 128) and
 ``bench_model_shapes.json`` (model layers) of each GPU in :data:`HEADLINE_GPUS`.  The output depends on
-the data alone (no date, no environment), so rendering twice gives the same files.
+the data alone (no date, no environment), so rendering twice gives the same files.  A ``<name>.md`` beside
+a ``<name>.json`` in a results folder (the Markdown copy ``leettriton.bench`` and ``leettriton.models.serving``
+write with their data) is removed: the folder's README.md renders it.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import json
 import os
 import re
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "perf", "results")
@@ -60,12 +63,65 @@ def load(path: str) -> list[dict]:
         data = json.load(f)
     if isinstance(data, dict) and isinstance(data.get("runs"), list):
         runs = data["runs"]
+    elif isinstance(data, dict) and {"environment", "command", "summary"} <= set(data):
+        runs = [_serving_run(data)]
     elif isinstance(data, dict) and "meta" in data and "rows" in data:
         runs = [data]
     else:
         raise ValueError(f"{path}: expected a result file ({{'meta', 'rows'}} or {{'runs': [...]}}), got keys "
                          f"{sorted(data) if isinstance(data, dict) else type(data).__name__}")
     return runs
+
+
+def _serving_run(data: dict) -> dict:
+    """A ``python -m leettriton.models.serving --json`` file as a run: its summary is the row and the table."""
+    summary = data["summary"]
+    body = [[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in summary.values()]]
+    args = data.get("arguments") or {}
+    return {"meta": dict(data["environment"], command=data["command"], arguments=args),
+            "title": f"Continuous-batching generator: {args.get('model', '?')}",
+            "tables": [{"title": None, "headers": list(summary), "body": body, "text": ""}],
+            "rows": [dict(summary, model=args.get("model"), dtype=args.get("dtype"))],
+            "requests": data.get("requests")}
+
+
+def command_key(command: str) -> str:
+    """A command without its ``--out DIR`` (where a run was written does not make it another run)."""
+    return re.sub(r"\s--out(=|\s+)\S+", "", command or "").strip()
+
+
+def save_run(path: str, run: dict, replaces: Optional[Callable[[dict], bool]] = None) -> str:
+    """Add ``run`` to ``<path>.json`` (``path`` with or without ``.json``): the runs already there are kept
+    before it, except those it replaces (of the same command less ``--out``, or those ``replaces(run)`` is
+    true of); a file that is not a result file is replaced.  One run is written as it is, several as
+    ``{"runs": [...]}``.  Returns the path written (perf/common.py's ``write_run`` is the benchmarks' call)."""
+    if replaces is None:
+        def replaces(old: dict) -> bool:
+            return command_key(old["meta"].get("command", "")) == command_key(run["meta"].get("command", ""))
+    jpath = (path[:-5] if path.endswith(".json") else path) + ".json"
+    runs = []
+    if os.path.exists(jpath):
+        try:
+            runs = [r for r in load(jpath) if not replaces(r)]
+        except (ValueError, KeyError, json.JSONDecodeError):
+            runs = []
+    runs.append(run)
+    os.makedirs(os.path.dirname(os.path.abspath(jpath)), exist_ok=True)
+    with open(jpath, "w") as f:
+        json.dump(runs[0] if len(runs) == 1 else {"runs": runs}, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    return jpath
+
+
+def fold(src: str, dst: str) -> str:
+    """Move every run of ``src`` into ``dst`` (each replacing ``dst``'s runs of its command), then remove ``src``:
+    a partial run (``--shapes``, ``--model``: files of their own) joins its benchmark's one file."""
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError(f"--fold: {src} into itself")
+    for run in load(src):
+        save_run(dst, run)
+    os.remove(src)
+    return dst
 
 
 def data_files(gpu_dir: str) -> list[str]:
@@ -332,7 +388,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a rendered file is out of date")
     p.add_argument("--plots", action="store_true", help="also redraw each GPU's bench_main.png (needs matplotlib)")
+    p.add_argument("--fold", nargs=2, metavar=("SRC", "DST"), help="move the runs of result file SRC into DST "
+                   "(a partial run into its benchmark's file), remove SRC, then render")
     args = p.parse_args(argv)
+    if args.fold:
+        print("folded into", fold(*args.fold))
     stale, failed = [], []
     files = rendered_results()
     try:
@@ -346,6 +406,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not args.check:
                 with open(path, "w") as f:
                     f.write(text)
+    # a Markdown copy a benchmark wrote beside its data (leettriton.bench, leettriton.models.serving): the
+    # folder's README.md is its rendering now
+    for d in gpu_dirs():
+        for md in sorted(glob.glob(os.path.join(d, "*.md"))):
+            if os.path.basename(md) != "README.md" and os.path.exists(os.path.splitext(md)[0] + ".json"):
+                stale.append(os.path.relpath(md, ROOT) + " (a Markdown copy beside its data)")
+                if not args.check:
+                    os.remove(md)
     for msg in failed:
         print(f"error: {msg}", file=sys.stderr)
     if args.check:

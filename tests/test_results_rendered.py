@@ -49,6 +49,8 @@ def test_readme_headline_block_is_rendered_from_the_data(render):
 
 
 def test_results_hold_data_plots_and_rendered_readmes_only(render):
+    # a CPU's timings (the interpreter, stubbed launches) are not performance results
+    assert not os.path.exists(os.path.join(RESULTS, "cpu")), "perf/results/cpu: CPU timings are not results"
     for path in sorted(glob.glob(os.path.join(RESULTS, "**", "*"), recursive=True)):
         if os.path.isdir(path):
             continue
@@ -102,3 +104,34 @@ def test_write_run_replaces_the_runs_of_its_command_and_keeps_the_others(tmp_pat
     assert "#### T\n\n| a |\n|---|\n| 1 |\n\nwords" in md and "--shapes 1x16" in md
     with pytest.raises(ValueError, match="command"):
         common.write_run(path, meta, [], title="y")
+
+
+def test_fold_moves_a_partial_run_into_its_benchmarks_file(tmp_path, render):
+    meta = dict(device="GPU X", torch="t", triton="3", git_sha="abc", date="2026-01-01T00:00:00Z")
+    full, part = str(tmp_path / "bench_y.json"), str(tmp_path / "bench_y_shapes.json")
+    render.save_run(full, {"meta": dict(meta, command="python perf/bench_y.py --out /a"), "rows": [{"n": 8}]})
+    render.save_run(part, {"meta": dict(meta, command="python perf/bench_y.py --shapes 1x16"), "rows": [{"n": 16}]})
+    render.fold(part, full)
+    assert not os.path.exists(part)
+    assert [r["rows"] for r in render.load(full)] == [[{"n": 8}], [{"n": 16}]]
+    with pytest.raises(ValueError, match="into itself"):
+        render.fold(full, full)
+
+
+def test_ab_matches_cells_across_runs_and_gives_both_ratios(tmp_path):
+    ab = _module("ab")
+    cell = dict(section="speed", method="auto", dtype="float16", batch=1, heads=32, n=8192, r=128, d=128, decay=True)
+    rows = {"before": [dict(cell, median_ms=0.2), dict(cell, n=2048, median_ms=0.1)],
+            "after": [dict(cell, median_ms=0.1, note="x"), dict(cell, n=4096, median_ms=0.3)],
+            "before2": [dict(cell, median_ms=0.22)]}
+    ratios = ab.ratio_rows(rows, ab.KEYS, "median_ms")
+    assert len(ratios) == 1 and ratios[0]["n"] == 8192           # only the cell both trees measured
+    assert ratios[0]["after_over_before"] == pytest.approx(0.5)
+    assert ratios[0]["before2_over_before"] == pytest.approx(1.1)
+    entry = ab.ratio_table(ratios, ab.KEYS, "median_ms")
+    assert entry["body"][0][-2:] == ["0.500", "1.100"] and "±10.0%" in entry["text"]
+    words = ab.side_command(["python", "perf/bench_chunked.py", "--shapes", "1x8192"], str(tmp_path))
+    assert words[0] == sys.executable and words[1] == os.path.join(PERF, "bench_chunked.py")
+    assert words[-2:] == ["--out", str(tmp_path)]                # each run writes into its own folder
+    words = ab.side_command(["python", "-m", "leettriton.bench", "--json", "{out}/b.json"], str(tmp_path))
+    assert words[-1] == f"{tmp_path}/b.json" and "--out" not in words

@@ -48,7 +48,11 @@ import torch
 
 import leettriton
 from leettriton.methods import BUILTIN_METHODS
-from leettriton.bench import decay_gammas, environment, graph_replay, make_inputs, time_ms, write_results
+from leettriton.bench import decay_gammas, environment, graph_replay, make_inputs, time_ms
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import render  # noqa: E402
 from leettriton.plan import run_problem
 from leettriton.problem import make_problem
 
@@ -130,7 +134,7 @@ def confirm_rounds(calls, rounds: int = ROUNDS, rep_ms: float = ROUND_MS, timer=
     call once in turn (``timer(fn, rep_ms)`` → ms; ``time_ms``'s median by default).
 
     The cells take 0.04-2 ms, and one ``do_bench`` of the same config moves by up to 0.04 ms between
-    timings a minute apart (perf/results/h100/bench_auto64_runs.log): alternating the calls puts ``auto``
+    timings a minute apart (an H100's repeated runs, in git history): alternating the calls puts ``auto``
     and the methods it is compared with under the same conditions, and the median of the rounds drops a
     round that met a slow spell."""
     timer = timer or (lambda fn, ms: time_ms(fn, rep_ms=ms, warm=False)[0])
@@ -161,7 +165,7 @@ def contender_rounds(b, c, v, gamma, contenders, *, auto_plan=None, tune=None, r
     A kernel's autotuner alone times its configs apart from the call, under a schedule of its own: at
     1 × 32 heads × 8192 (r = d = 128, a point of the tune grid) ``block_based`` autotuned ran slower than
     ``auto`` with the file's configs for that very point (the rows of that shape in
-    perf/results/h100/bench_auto.md and perf/results/h200/bench_auto.md), so it cannot stand for "the best
+    perf/results/h100/bench_auto.json and perf/results/h200/bench_auto.json), so it cannot stand for "the best
     method tuned at the shape" that ``auto`` is held to.  Each call validates its inputs and allocates its
     output, as ``auto``'s does."""
     if tune is None:
@@ -380,16 +384,16 @@ def main(argv=None) -> int:
     if opts.cold_only:
         cold = cold_start(3000, 5000, opts.cold_timeout)
         meta.update(cold_start=cold)
-        path = os.path.join(opts.out, env["device_slug"], "bench_auto_cold")
-        write_results([], meta, path, title="method='auto': cold start", body=_cold_table(cold))
+        path = os.path.join(opts.out, env["device_slug"], "bench_auto")
+        common.write_run(path, meta, [], title="method='auto': cold start", tables=[_cold_entry(cold)],
+                         replaces=_is_cold)
         print(_cold_table(cold))
         return 0
     name = "bench_auto" + (".quick" if opts.quick else "")
     path = os.path.join(opts.out, env["device_slug"], name)
     done = None
     if opts.resume and os.path.exists(path + ".json"):
-        with open(path + ".json") as f:
-            old = json.load(f)
+        old = _sweep_run(path + ".json")
         if old["meta"].get("device") != env["device"]:
             raise SystemExit(f"--resume: {path}.json was measured on {old['meta'].get('device')}, not {env['device']}")
         done = old["rows"]
@@ -403,7 +407,8 @@ def main(argv=None) -> int:
                     dtypes=sorted({shape[0] for shape in planned}))
         if cold is not None:
             meta.update(cold_start=cold)
-        write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
+        common.write_run(path, meta, rows, title="method='auto' vs the best method", tables=_tables(rows, cold),
+                         replaces=lambda run: not _is_cold(run))
 
     if opts.warm_workers:
         from leettriton.autotune import warm
@@ -425,10 +430,7 @@ def merge(paths, out: str) -> int:
     """One bench_auto file from the rows of several runs on the same GPU model (their shapes in
     :func:`shapes` order; a shape measured twice keeps the last run's row).  Each row records the commit
     its run measured (``git_sha``, kept from an earlier merge), the meta ``git_shas`` all of them."""
-    runs = []
-    for path in paths:
-        with open(path) as f:
-            runs.append(json.load(f))
+    runs = [_sweep_run(path) for path in paths]
     devices = {run["meta"].get("device") for run in runs}
     if len(devices) != 1:
         raise SystemExit(f"--merge: the runs were measured on different GPUs: {sorted(map(str, devices))}")
@@ -450,38 +452,56 @@ def merge(paths, out: str) -> int:
                 shapes_planned=len(shapes(False, dtypes)), dtypes=dtypes)
     cold = next((run["meta"]["cold_start"] for run in runs if run["meta"].get("cold_start")), None)
     path = os.path.join(out, meta["device_slug"], "bench_auto")
-    write_results(rows, meta, path, title="method='auto' vs the best method", body=_table(rows, cold))
+    common.write_run(path, meta, rows, title="method='auto' vs the best method", tables=_tables(rows, cold),
+                     replaces=lambda run: not _is_cold(run))
     print(_table(rows, cold))
     return 0
 
 
-def _table(rows, cold=None) -> str:
+def _is_cold(run: dict) -> bool:
+    """Whether a run of a bench_auto file is a ``--cold-only`` run (kept beside the sweep, not resumed)."""
+    return "--cold-only" in run["meta"].get("command", "")
+
+
+def _sweep_run(path: str) -> dict:
+    """The sweep run of a bench_auto file (the last run that is not ``--cold-only``)."""
+    sweeps = [run for run in render.load(path) if not _is_cold(run)]
+    if not sweeps:
+        raise SystemExit(f"{path}: holds no bench_auto sweep (only --cold-only runs)")
+    return sweeps[-1]
+
+
+def _tables(rows, cold=None) -> list[dict]:
+    """The run's tables (``common.write_run``'s entries): auto against the best, then the cold start."""
     within = sum(r["ratio"] <= 1.10 for r in rows)
     worst = max((r["ratio"] for r in rows), default=float("nan"))
-    lines = ["| dtype | decay | batch × heads | r × d | n | auto (ms) | auto's method | best | best (ms) | auto / best |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['dtype']} | {r['decay']} | {r['batch']} × {r['heads']} | {r.get('r', 128)} × {r.get('d', 128)} "
-                     f"| {r['n']} | {r['auto_ms']:.3f} | {r['auto_method']} "
-                     f"| {r['best_method']} | {r['best_ms']:.3f} | {r['ratio']:.2f} |")
-    lines += ["", f"auto within 10% of the best on {within} of {len(rows)} shapes (target ≥ 90%); "
-              f"worst ratio {worst:.2f} (target ≤ 1.5)"]
+    body = [[r["dtype"], r["decay"], f"{r['batch']} × {r['heads']}", f"{r.get('r', 128)} × {r.get('d', 128)}",
+             r["n"], f"{r['auto_ms']:.3f}", r["auto_method"], r["best_method"], f"{r['best_ms']:.3f}",
+             f"{r['ratio']:.2f}"] for r in rows]
     timings = collections.Counter(r.get("rounds_timing", "python call") for r in rows)
-    lines += ["", "rounds timed by " + ", ".join(f"{how} ({k} shapes)" for how, k in sorted(timings.items()))]
+    text = (f"auto within 10% of the best on {within} of {len(rows)} shapes (target ≥ 90%); "
+            f"worst ratio {worst:.2f} (target ≤ 1.5)\n\n"
+            "rounds timed by " + ", ".join(f"{how} ({k} shapes)" for how, k in sorted(timings.items())))
+    out = [{"title": None, "headers": ["dtype", "decay", "batch × heads", "r × d", "n", "auto (ms)", "auto's method",
+                                       "best", "best (ms)", "auto / best"], "body": body, "text": text}]
     if cold:
-        lines += ["", _cold_table(cold)]
-    return "\n".join(lines)
+        out.append(_cold_entry(cold))
+    return out
+
+
+def _cold_entry(cold) -> dict:
+    body = [[which, f"{res['import_s']:.2f}", f"{res['first_call_s']:.2f}", f"{res['second_call_s']:.3f}"]
+            if "first_call_s" in res else [which, str(res.get("note")), "", ""] for which, res in cold.items()]
+    return {"title": "Cold start (fresh process, empty Triton cache), seconds", "text": "",
+            "headers": ["", "import", "first call (n=3000)", "second call (n=5000)"], "body": body}
+
+
+def _table(rows, cold=None) -> str:
+    return render.render_tables(_tables(rows, cold), "##")
 
 
 def _cold_table(cold) -> str:
-    lines = ["Cold start (fresh process, empty Triton cache), seconds:", "",
-             "| | import | first call (n=3000) | second call (n=5000) |", "|---|---|---|---|"]
-    for which, res in cold.items():
-        if "first_call_s" in res:
-            lines.append(f"| {which} | {res['import_s']:.2f} | {res['first_call_s']:.2f} | {res['second_call_s']:.3f} |")
-        else:
-            lines.append(f"| {which} | {res.get('note')} | | |")
-    return "\n".join(lines)
+    return render.render_tables([_cold_entry(cold)], "##")
 
 
 if __name__ == "__main__":

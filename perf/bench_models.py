@@ -41,7 +41,7 @@ the seconds of its first call (compiles included).  ``--autotune`` lets both sid
 comparison, for the full protocol.
 
 A cell slower than ``--budget-s`` is timed once.  Each section is written to
-``perf/results/<gpu>/bench_models.{json,md}`` as soon as it is done, so a run cut off keeps what it
+``perf/results/<gpu>/bench_models.json`` as soon as it is done, so a run cut off keeps what it
 finished.  Without a GPU: a check of the script's logic on tiny configurations with the ``_torch``
 methods (``--quick`` implied), not a measurement.
 """

@@ -22,8 +22,8 @@ Speedup = one-GPU time ÷ distributed time; communication share = all-gather ÷ 
     torchrun --nproc-per-node 2 perf/bench_sequence_parallel.py --device cpu --quick
         # the script's logic on CPU with gloo at tiny sizes (not a measurement)
 
-Results go to ``<out>/<gpu>-x<N>/bench_sequence_parallel[.check|.simulate].json`` and ``.md`` (rank 0
-writes them), with the command, the device, versions and git SHA.
+Results go to ``<out>/<gpu>-x<N>/bench_sequence_parallel[.check|.simulate].json`` (rank 0
+writes it), with the command, the device, versions and git SHA.
 """
 from __future__ import annotations
 

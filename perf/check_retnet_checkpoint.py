@@ -13,7 +13,7 @@ error against fla's) and the tokens of greedy ``generate()``.  Needs ``flash-lin
 
 Without a GPU everything runs on the CPU: our kernels and fla's in Triton's interpreter, on a tiny
 configuration (prompts of 12 tokens: fla's chunked kernels, used above 64 tokens, fail in the interpreter).
-Writes ``perf/results/<gpu>/check_retnet_checkpoint.{json,md}`` after each section, so a run cut off
+Writes ``perf/results/<gpu>/check_retnet_checkpoint.json`` after each section, so a run cut off
 keeps what it finished.
 
 Where the time goes.  Nothing here re-tunes as the sequence grows during ``generate()``.  Recording

@@ -1,11 +1,13 @@
-"""Plumbing shared by the perf scripts: arguments, the result folder, the report files.
+"""Plumbing shared by the perf scripts: arguments, the result folder, the one writer of result data.
 
-Every script writes ``perf/results/<gpu>/<name>.json`` and ``<name>.md`` (``--out DIR`` replaces
-``perf/results``; ``<gpu>`` is a slug of the device name such as ``h100``; ``<name>.quick.*``
-for ``--quick`` runs, so a quick run never overwrites a full one), each with the exact
-command, the device, versions, git SHA and date, and prints a short table of its targets
-last.  The measuring itself (timing, memory floor, oracle, peers) is
-:mod:`leettriton.bench`'s.
+Every benchmark writes its run to ``perf/results/<gpu>/<name>.json`` through :func:`write_run` (``--out
+DIR`` replaces ``perf/results``; ``<gpu>`` is a slug of the device name such as ``h100``; ``<name>.quick``
+for ``--quick`` runs, so a quick run never overwrites a full one): the exact command, the device,
+versions, git SHA and date (``meta``), one row per measured cell (``rows``) and the run's summary tables
+(``tables``), and prints those tables and its targets last.  A run replaces the runs of the same command
+in its file and keeps the others (a file may hold several runs of complementary shapes).  The Markdown is
+``perf/render.py``'s, from these files alone.  The measuring itself (timing, memory floor, environment,
+oracle, peers) is :mod:`leettriton.bench`'s.
 """
 from __future__ import annotations
 
@@ -13,13 +15,45 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from leettriton import bench
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import render  # noqa: E402
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _json_safe(x):
+    """NaN as null and ±inf as strings (JSON has neither)."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, float) and x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_run(path: str, meta: dict, rows: Sequence[dict], *, title: str, tables: Sequence[dict] = (),
+              replaces: Optional[Callable[[dict], bool]] = None) -> str:
+    """Write one run to ``<path>.json`` (``path`` without its extension), the one writer of result data.
+
+    ``meta`` must hold ``command`` (and, from :func:`leettriton.bench.environment`, the device, versions,
+    ``git_sha`` and ``date``); ``tables`` are ``{"title", "headers", "body", "text"}`` entries (any may be
+    None or empty).  Runs already in the file are kept before this one, except those it replaces: the runs
+    of the same command (less ``--out``), or those ``replaces(run)`` is true of (``render.save_run``).  The
+    file is one run ``{"meta", "title", "tables", "rows"}`` or several, ``{"runs": [...]}``.  Returns its path.
+    """
+    if not meta.get("command"):
+        raise ValueError(f"write_run: meta must record the command of the run, got keys {sorted(meta)}")
+    run = {"meta": meta, "title": title, "tables": [dict(t) for t in tables], "rows": list(rows)}
+    return render.save_run(path, _json_safe(run), replaces=replaces)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -99,6 +133,7 @@ class Report:
         self.notes: list[str] = []
         self.meta["notes"] = self.notes
         self.sections: list[str] = []
+        self.tables: list[dict] = []
         self.rows: list[dict] = []
         self.targets: list[list] = []
         print(f"{self.meta['device']}  copy bandwidth {self.bandwidth / 1e9:.1f} GB/s  torch {self.meta['torch']}  "
@@ -118,30 +153,31 @@ class Report:
         if text:
             md += f"\n{text}\n"
         self.sections.append(md)
+        self.tables.append({"title": title, "headers": [str(h) for h in headers],
+                            "body": [[str(c) for c in r] for r in body], "text": text})
         print("\n" + md, flush=True)
 
     def target(self, what: str, measured: str, goal: str, passed: Optional[bool]) -> None:
         """One line of the closing summary: a target, what was measured, PASS / FAIL / n/a."""
         self.targets.append([what, measured, goal, verdict(passed)])
 
-    def save(self, out: Optional[str]) -> tuple[str, str, str]:
-        """Write ``<out>/<gpu>/<name>.json`` and ``.md`` with what is there so far, quietly: a script that
-        calls this after each section leaves its finished sections behind if it is cut off.
-        Returns the two paths and the targets table."""
+    def save(self, out: Optional[str]) -> tuple[str, str]:
+        """Write ``<out>/<gpu>/<name>.json`` with what is there so far, quietly: a script that calls this
+        after each section leaves its finished sections behind if it is cut off.
+        Returns the path and the targets table."""
         out = os.path.join(out or RESULTS, self.meta["device_slug"])
         summary = bench.markdown_table(["target", "measured", "goal", "verdict"], self.targets) if self.targets else \
             "(no targets)"
-        body = "\n".join(self.sections) + f"\n## Targets\n\n{summary}\n"
-        jpath, mpath = bench.write_results(self.rows, dict(self.meta, targets=self.targets),
-                                           os.path.join(out, self.name), title=self.title, body=body)
-        return jpath, mpath, summary
+        jpath = write_run(os.path.join(out, self.name), dict(self.meta, targets=self.targets), self.rows,
+                          title=self.title, tables=self.tables)
+        return jpath, summary
 
-    def finish(self, out: Optional[str]) -> tuple[str, str]:
-        """Write ``<out>/<gpu>/<name>.json`` and ``.md`` and print the targets table last."""
-        jpath, mpath, summary = self.save(out)
-        print(f"\nwrote {jpath} and {mpath}\n", flush=True)
+    def finish(self, out: Optional[str]) -> str:
+        """Write ``<out>/<gpu>/<name>.json`` and print the targets table last."""
+        jpath, summary = self.save(out)
+        print(f"\nwrote {jpath} (tables: python perf/render.py)\n", flush=True)
         print(summary, flush=True)
-        return jpath, mpath
+        return jpath
 
 
 def stopped(rep: "Report", exc: bench.DeviceFailure) -> str:

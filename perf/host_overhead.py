@@ -110,7 +110,37 @@ def main(argv=None) -> list[dict]:
                     "(forward with the autograd node, then the gradients of b, c, v)")
     ap.add_argument("--profile", action="store_true", help="also run each method's calls under cProfile and "
                     "print the functions with the most own time")
+    ap.add_argument("--out", metavar="DIR", help="also write the rows to DIR/<gpu>/host_overhead.json through "
+                    "perf/common.py's writer (perf/results for a GPU's; a CPU's figures are not results to keep)")
     opts = ap.parse_args(argv)
+    rows = _measure(opts)
+    if opts.out:
+        _write(opts, rows, argv if argv is not None else sys.argv[1:])
+    return rows
+
+
+def _write(opts, rows: list[dict], argv) -> None:
+    """The run's rows, command and environment through perf/common.py's one writer."""
+    import shlex
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import common
+    from leettriton import bench
+
+    meta = dict(bench.environment(opts.measured_on), command=" ".join(["python", "perf/host_overhead.py",
+                                                                       *map(shlex.quote, argv)]))
+    what = "forward_us" if opts.backward else "us_per_call"
+    headers = ["method", "forward µs", "backward µs"] if opts.backward else ["method", "µs per call"]
+    body = [[r["method"], f"{r['forward_us']:.1f}", f"{r['backward_us']:.1f}"] if opts.backward
+            else [r["method"], f"{r[what]:.1f}"] for r in rows]
+    title = ("Host time per training step" if opts.backward else "Host time per call") + \
+        (f", launches stubbed (family {opts.family})" if opts.measured_on == "cpu" else "")
+    path = common.write_run(os.path.join(opts.out, meta["device_slug"], "host_overhead"), meta, rows, title=title,
+                            tables=[{"title": title, "headers": headers, "body": body, "text": ""}])
+    print(f"wrote {path}")
+
+
+def _measure(opts) -> list[dict]:
     if opts.device == "cpu" or opts.device is None and not _cuda():
         os.environ["TRITON_INTERPRET"] = "1"   # before leettriton is imported: the Triton path on CPU tensors
     import torch
@@ -118,6 +148,7 @@ def main(argv=None) -> list[dict]:
     import leettriton
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    opts.measured_on = device
     n = opts.n or (64 if device == "cuda" else 8192)
     heads = opts.heads or (1 if device == "cuda" else 32)
     if device == "cpu":

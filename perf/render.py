@@ -325,8 +325,9 @@ def headline_gpu(results: str, gpu: str) -> Optional[str]:
     for stem, run in used:
         shas.setdefault(stem, {})[str(run["meta"].get("git_sha"))[:7]] = str(run["meta"].get("date"))[:10]
     device = used[0][1]["meta"].get("device", gpu)
-    src = "; ".join(f"[`{gpu}/{stem}`](perf/results/{gpu}/README.md#{stem}), runs of code "
-                    + ", ".join(f"{sha} ({date})" for sha, date in sorted(runs.items(), key=lambda x: (x[1], x[0])))
+    # the README names dates only: each run's commit is in the results README the link points to
+    src = "; ".join(f"[`{gpu}/{stem}`](perf/results/{gpu}/README.md#{stem}), measured "
+                    + ", ".join(sorted(set(runs.values())))
                     for stem, runs in shas.items())
     head = ["shape: heads 32, r = d = 128 unless named (heads, r, d)", "ours, ms", "fla, ms", "fla ÷ ours",
             "floor, ms", "ours ÷ floor"]

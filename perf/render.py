@@ -40,9 +40,9 @@ END = "<!-- END RESULTS headline -->"
 HEADLINE_GPUS = ("h100", "h200")
 FLA = "fla_chunk_simple_gla"
 OURS_CHUNKED = ("lightning_attention", "block_based")
-HEADLINE_N = {1: (2048, 8192, 32768, 100000), 16: (2048, 8192, 25600)}
+HEADLINE_N = {1: (8192, 32768, 100000), 16: (8192, 25600)}
 MODELS = {"retnet": "RetNet-1.3B", "transnormer": "TransNormerLLM-7B", "gla": "small GLA / RetNet"}
-MODEL_N = (8192, 32768)
+MODEL_N = (8192,)
 # what a benchmark measures, for the ones that are not a perf/ script with a docstring
 DESCRIPTIONS = {
     "leettriton.bench": "The main benchmark: every method, its PyTorch version, `auto` and the peers over the "
@@ -326,21 +326,20 @@ def headline_gpu(results: str, gpu: str) -> Optional[str]:
         shas.setdefault(stem, {})[str(run["meta"].get("git_sha"))[:7]] = str(run["meta"].get("date"))[:10]
     device = used[0][1]["meta"].get("device", gpu)
     # the README names dates only: each run's commit is in the results README the link points to
-    src = "; ".join(f"[`{gpu}/{stem}`](perf/results/{gpu}/README.md#{stem}), measured "
-                    + ", ".join(sorted(set(runs.values())))
-                    for stem, runs in shas.items())
+    src = " and ".join(f"[`{stem}`](perf/results/{gpu}/README.md#{stem}) ("
+                       + ", ".join(sorted(set(runs.values()))) + ")"
+                       for stem, runs in shas.items())
     head = ["shape: heads 32, r = d = 128 unless named (heads, r, d)", "ours, ms", "fla, ms", "fla ÷ ours",
             "floor, ms", "ours ÷ floor"]
-    return "\n".join([f"**{device}** (`{gpu}`), float16 with decay:", "", table(head, rows), "", f"From {src}."])
+    return "\n".join([f"**{device}** (`{gpu}`), from {src}:", "", table(head, rows)])
 
 
 def render_headline(results: str = RESULTS) -> str:
     """The text between README.md's markers (without them)."""
     parts = [
-        "Median ms of a call from Python (the lower of a sweep's median and of alternating rounds; ours is `auto` "
-        "where the run timed it, else the faster of `lightning_attention` and `block_based`, the method it ran "
-        "in brackets), fla = flash-linear-attention's `chunk_simple_gla` in the same run, floor = the time to "
-        "read b, c, v and write o once at the measured copy bandwidth.",
+        "float16 with decay; median ms of a call. Ours: `auto` (else the faster of `lightning_attention` and "
+        "`block_based`), the method run in brackets; fla: flash-linear-attention's `chunk_simple_gla`, same run;\n"
+        "floor: b, c, v read and o written once at the measured copy bandwidth.",
     ]
     for gpu in HEADLINE_GPUS:
         block = headline_gpu(results, gpu)

@@ -338,7 +338,7 @@ def render_headline(results: str = RESULTS) -> str:
     """The text between README.md's markers (without them)."""
     parts = [
         "float16 with decay; median ms of a call. Ours: `auto` (else the faster of `lightning_attention` and "
-        "`block_based`), the method run in brackets; fla: flash-linear-attention's `chunk_simple_gla`, same run;\n"
+        "`block_based`), the method run in brackets; fla: flash-linear-attention's `chunk_simple_gla`, same run; "
         "floor: b, c, v read and o written once at the measured copy bandwidth.",
     ]
     for gpu in HEADLINE_GPUS:

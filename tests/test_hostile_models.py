@@ -360,3 +360,18 @@ def test_submit_refuses_a_bool_stop_token():
     with pytest.raises(ValueError, match="arrival must be None or a finite time"):
         gen.submit([1, 2], 3, arrival="now")
     assert gen.idle
+
+
+def test_a_layer_without_a_packed_path_is_refused_before_any_pool_is_written():
+    """A model whose second layer runs a method with no packed path: NotImplementedError naming the layer and the
+    method before the first layer writes its pool."""
+    model = _model("retnet")
+    model.attention_layers()[1].set_method("causal_dot_product")
+    pools = model.make_state_pools(2)
+    _garbage(pools)
+    before = [p.clone() for p in pools]
+    ids, cu, positions = _packed([3])
+    with pytest.raises(NotImplementedError, match="layer 1 would run method 'causal_dot_product'"):
+        model.prefill_packed(ids, cu, positions, pools, _t([0]))
+    for layer, (pool, old) in enumerate(zip(pools, before)):
+        _assert_bit_equal(pool, old, f"layer {layer}'s pool")

@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .. import registry
+from ..api import VARLEN_NATIVE
 from ..nn import LinearAttentionCache
 from ..nn.functional import check_attention_mask, check_hidden, check_method, check_positions, contiguous_index
 from ..nn.fused import rms_norm_gate, swiglu
@@ -283,14 +285,26 @@ class LinearAttentionGenerationMixin(GenerationMixin):
                                  f"expanded or self-overlapping view would let one slot's update change others), "
                                  f"got strides {tuple(pool.stride())} for shape {tuple(pool.shape)}: pass a "
                                  f"contiguous pool (model.make_state_pools)")
-            spans.append(_memory_span(pool))
-        for i in range(len(spans)):
-            for j in range(i):
-                if spans[i] is not None and spans[j] is not None and spans[i][0] == spans[j][0] \
-                        and spans[i][1] < spans[j][2] and spans[j][1] < spans[i][2]:
-                    raise ValueError(f"state_pools[{j}] and state_pools[{i}] share memory: each layer needs a pool of "
-                                     f"its own (model.make_state_pools), or one layer's states would overwrite "
-                                     f"another's")
+            span = _memory_span(pool)
+            if span is not None:
+                spans.append(span + (i,))
+        spans.sort()   # by storage, then first byte: an overlap is between neighbours
+        for (storage, _, end, i), (next_storage, next_start, _, j) in zip(spans, spans[1:]):
+            if storage == next_storage and next_start < end:
+                raise ValueError(f"state_pools[{min(i, j)}] and state_pools[{max(i, j)}] share memory: each layer "
+                                 f"needs a pool of its own (model.make_state_pools), or one layer's states would "
+                                 f"overwrite another's")
+
+    def _check_packed_methods(self, method: Optional[str]) -> None:
+        """Every layer's packed prefill method (``method``, or the layer's own) has a packed path, checked before
+        the first layer writes its pool."""
+        for layer in self.attention_layers():
+            name = registry.canonical_method(layer.method if method is None else method)
+            if name not in ("auto",) + VARLEN_NATIVE and registry.torch_method(name) is None:
+                raise NotImplementedError(
+                    f"prefill_packed: layer {layer.layer_idx} would run method {name!r}, which has no packed "
+                    f"(variable-length) path; pass method= 'auto', {', '.join(repr(m) for m in VARLEN_NATIVE)} or "
+                    f"a '<method>_torch' twin")
 
     def _run_serving(self, input_ids, attend) -> torch.Tensor:
         """Embed packed ``input_ids``, run every block with its attention given by ``attend(layer_index, attn, x)``,
@@ -346,6 +360,7 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             >>> logits = model.prefill_packed(ids, cu, pos, pools, torch.tensor([4, 0], device="cuda"))   # (2, vocab)
         """
         input_ids, positions = self._check_serving_inputs(input_ids, positions, state_pools)
+        self._check_packed_methods(method)
         cu_seqlens, slot_ids, has_initial_state = (contiguous_index(x) for x in (cu_seqlens, slot_ids,
                                                                                    has_initial_state))
         hidden = self._run_serving(input_ids, lambda i, attn, x: attn.prefill_packed(

@@ -210,20 +210,27 @@ def test_two_layers_sharing_one_pool_are_refused():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["kernels", "torch"])
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_float_positions_are_refused_on_every_path(kind, dtype):
-    """Float positions: the same TypeError naming positions on the fused kernels' path (float32) and the PyTorch
-    path (float64), for the packed prefill, the slotted decode and the layers' one-token step."""
+    """Float positions: the same ValueError naming positions on the fused kernels' path (float32) and the PyTorch
+    path (float64), for the packed prefill, the slotted decode, the layers' one-token step and the rotary / LRPE
+    helpers."""
     model = _model(kind, dtype=dtype)
     pools = model.make_state_pools(2)
     before = [p.clone() for p in pools]
     ids, cu, positions = _packed([3])
-    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+    with pytest.raises(ValueError, match="positions must be an integer tensor"):
         model.prefill_packed(ids, cu, positions.to(dtype), pools, _t([0]))
-    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+    with pytest.raises(ValueError, match="positions must be an integer tensor"):
         model.decode_slotted(ids[:1], positions[:1].to(dtype), pools, _t([1]))
     layer = model.attention_layers()[0]
     state = torch.zeros((1,) + tuple(pools[0].shape[1:]), device=DEVICE)
-    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+    with pytest.raises(ValueError, match="positions must be an integer tensor"):
         layer.decode_token(torch.zeros(1, 32, device=DEVICE, dtype=dtype), state, _t([2]).to(dtype))
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        model.prefill_packed(ids, cu, positions.tolist(), pools, _t([0]))
+    rows = torch.zeros(3, 2, layer.head_k_dim if kind == "retnet" else layer.head_dim, device=DEVICE, dtype=dtype)
+    helper = layer.rotary.apply_at if kind == "retnet" else layer.lrpe.at
+    with pytest.raises(ValueError, match="positions must be an integer tensor"):
+        helper(rows, positions.to(dtype))
     with pytest.raises(ValueError, match="positions must have shape"):
         model.prefill_packed(ids, cu, positions[:2], pools, _t([0]))
     for pool, old in zip(pools, before):
@@ -260,7 +267,8 @@ def test_hidden_size_mismatch_is_named():
 def test_attention_mask_shorter_than_the_ids_is_named(kind):
     model = _model(kind)
     ids = _ids(6, seed=1)[None]
-    with pytest.raises(ValueError, match=r"attention_mask must have shape \(batch=1, length ≥ 6\).*got shape \(1, 4\)"):
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(batch=1, length ≥ 6\).*got shape "
+                                         r"\(1, 4\)"):
         model(ids, attention_mask=torch.ones(1, 4, dtype=torch.long, device=DEVICE))
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long, device=DEVICE))

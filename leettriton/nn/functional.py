@@ -70,15 +70,21 @@ def contiguous_index(x):
     return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
+def is_integer_tensor(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds integers (bool, floating and complex tensors do not)."""
+    return not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+
+
 def check_positions(positions, rows: Optional[int], device: torch.device, what: str) -> torch.Tensor:
     """``positions`` as the serving and decoding paths read it: an integer tensor of shape ``(rows,)`` (None:
     one element) on ``device``, made contiguous (a strided view is copied once, so every path reads what it
     means).  Float positions are refused on every path alike: a rotary or LRPE angle is position × frequency of
     an integer position (docs/design.md §13.5)."""
     want = f"({rows},)" if rows is not None else "(1,)"
-    if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.is_complex() \
-            or positions.dtype == torch.bool:
+    if not isinstance(positions, torch.Tensor):
         raise TypeError(f"positions must be an integer tensor of shape {want} ({what}), got {_describe(positions)}")
+    if not is_integer_tensor(positions):   # a ValueError, as the fused ops' own check of the same rule
+        raise ValueError(f"positions must be an integer tensor of shape {want} ({what}), got {_describe(positions)}")
     if tuple(positions.shape) != ((rows,) if rows is not None else (1,)):
         raise ValueError(f"positions must have shape {want} ({what}), got shape {tuple(positions.shape)}")
     if positions.device != device:
@@ -265,6 +271,9 @@ class RotaryTable:
         largest position, nothing for a CUDA graph to outgrow); they are the table's float32 values,
         position × inverse frequency, so the result is that of :meth:`apply` at the same position.
         """
+        if not isinstance(positions, torch.Tensor) or not is_integer_tensor(positions):
+            raise ValueError(f"positions must be an integer tensor of shape ({x.shape[0]},) or (1,), got "
+                             f"{_describe(positions)}")
         if uses_kernels(x) and positions.device == x.device:
             return rotary(x, self.inv_freq(x.device), positions=positions, scale=scale)
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq(x.device)[None]   # [tokens or 1, dim/2]

@@ -10,7 +10,7 @@ from torch import nn
 from .. import api
 from .cache import LinearAttentionCache
 from .functional import (activation, attend, check_attention_mask, check_hidden, check_method, check_positions,
-                         contiguous_index, decay_tensor)
+                         contiguous_index, decay_tensor, is_integer_tensor)
 from .fused import lrpe, rms_norm_gate, uses_kernels
 
 __all__ = ["NormLinearAttention", "transnormer_slopes", "transnormer_gammas"]
@@ -95,6 +95,9 @@ class Lrpe(nn.Module):
         """Rows ``x`` ``(tokens, H, D)``, row i at position ``positions[i]`` → ``(tokens, H, 2D)``; a one-element
         ``positions`` (a tensor on x's device, read there: no host sync) encodes every row at that position.
         The same arithmetic as :meth:`forward`."""
+        if not isinstance(positions, torch.Tensor) or not is_integer_tensor(positions):
+            got = positions.dtype if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be an integer tensor of shape ({x.shape[0]},) or (1,), got {got}")
         if uses_kernels(x, self.theta) and positions.device == x.device:
             return lrpe(x, self.theta, positions=positions)
         angle = positions.to(torch.float32)[:, None, None] * self.theta.float()[:, 0, :][None]   # [tokens or 1, H, D]

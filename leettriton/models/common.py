@@ -10,7 +10,8 @@ from torch import nn
 from .. import registry
 from ..api import VARLEN_NATIVE
 from ..nn import LinearAttentionCache
-from ..nn.functional import check_attention_mask, check_hidden, check_method, check_positions, contiguous_index
+from ..nn.functional import (check_attention_mask, check_hidden, check_method, check_positions, checked_mask,
+                             contiguous_index)
 from ..nn.fused import rms_norm_gate, swiglu
 from .decoding import DecoderCache, StaticDecoder
 
@@ -451,8 +452,8 @@ def decoder_forward(model, embed, blocks, final_norm, input_ids, attention_mask,
 
     Every input is checked before any work: ``input_ids`` a (batch, n) integer tensor on the model's device or
     ``inputs_embeds`` (batch, n, hidden_size); ``attention_mask`` (batch, ≥ n) of 0/1 marking left padding only
-    (its values read once per call, one device sync on CUDA, except on a one-token step through a cache:
-    :func:`leettriton.nn.functional.check_attention_mask`)."""
+    (its values read once per call, not again by each layer, one device sync on CUDA, except on a one-token
+    step through a cache: :func:`leettriton.nn.functional.check_attention_mask`)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("give exactly one of input_ids and inputs_embeds")
     if inputs_embeds is None:
@@ -472,10 +473,11 @@ def decoder_forward(model, embed, blocks, final_norm, input_ids, attention_mask,
     check_attention_mask(attention_mask, batch, n, model.device, values=not one_token_step)
     hidden = embed(input_ids) if inputs_embeds is None else inputs_embeds
     states = () if output_hidden_states else None
-    for block in blocks:
-        if output_hidden_states:
-            states += (hidden,)
-        hidden = block(hidden, attention_mask, cache if use_cache else None)
+    with checked_mask(attention_mask):   # the layers do not read its values again
+        for block in blocks:
+            if output_hidden_states:
+                states += (hidden,)
+            hidden = block(hidden, attention_mask, cache if use_cache else None)
     hidden = final_norm(hidden)
     if output_hidden_states:
         states += (hidden,)

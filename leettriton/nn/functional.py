@@ -6,8 +6,9 @@ projections (layout ``"bnhd"``, no copies): docs/design.md §12.1.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-import weakref
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -19,7 +20,7 @@ from .cache import LinearAttentionCache
 from .fused import rotary, uses_kernels
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
-           "check_hidden", "check_positions", "check_attention_mask", "contiguous_index"]
+           "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index"]
 
 
 def _one_plus_elu(x):
@@ -92,43 +93,29 @@ def check_positions(positions, rows: Optional[int], device: torch.device, what: 
     return positions.contiguous()
 
 
-class _CheckedMasks:
-    """Masks whose values passed :func:`check_attention_mask`, by tensor, version and shape, so that a model's
-    check is not repeated by each of its layers (a CUDA mask costs one sync per version)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[int, tuple] = {}
-
-    @staticmethod
-    def _key(mask: torch.Tensor):
-        try:
-            version = mask._version
-        except RuntimeError:  # an inference tensor has no version: never remembered
-            return None
-        return version, mask.data_ptr(), tuple(mask.shape), tuple(mask.stride())
-
-    def seen(self, mask: torch.Tensor) -> bool:
-        hit = self._seen.get(id(mask))
-        return hit is not None and hit[0]() is mask and hit[1] == self._key(mask)
-
-    def remember(self, mask: torch.Tensor) -> None:
-        key = self._key(mask)
-        if key is not None and mask.device.type != "cpu":   # a CPU mask is read again: no sync to save
-            ident = id(mask)
-            self._seen[ident] = (weakref.ref(mask, lambda _r, k=ident: self._seen.pop(k, None)), key)
+_CHECKED_MASK: contextvars.ContextVar = contextvars.ContextVar("leettriton_checked_mask", default=None)
 
 
-_CHECKED_MASKS = _CheckedMasks()
+@contextlib.contextmanager
+def checked_mask(attention_mask: Optional[torch.Tensor]):
+    """Within the block, :func:`check_attention_mask` does not read ``attention_mask``'s values again: a model
+    checks its mask once and then runs its layers, each of which would otherwise read it (one device sync each
+    on CUDA)."""
+    token = _CHECKED_MASK.set(attention_mask)
+    try:
+        yield
+    finally:
+        _CHECKED_MASK.reset(token)
 
 
 def check_attention_mask(attention_mask, batch: int, n: int, device: torch.device, *, values: bool = True) -> None:
     """``attention_mask`` ``(batch, ≥ n)`` of 0/1 marking left padding: in each row every 0 comes before every 1.
 
-    Structure is checked on the host.  With ``values`` the entries are read too (one device sync on CUDA, once
-    per tensor version, never while a CUDA graph is being captured): a 0 after a 1 (right padding, or a hole)
-    is refused, since a recurrent state cannot skip a token and the next token would follow the padding
-    (docs/design.md §12.1).  The models check their mask once per prefill call and leave one-token steps
-    through a cache unchecked (a sync per generated token).
+    Structure is checked on the host.  With ``values`` the entries are read too (one device sync on CUDA, never
+    while a CUDA graph is being captured, nor inside :func:`checked_mask` of this mask): a 0 after a 1 (right
+    padding, or a hole) or a value other than 0 and 1 is refused, since a recurrent state cannot skip a token
+    and the next token would follow the padding (docs/design.md §12.1).  The models check their mask once per
+    call and leave one-token steps through a cache unchecked (a sync per generated token).
     """
     if attention_mask is None:
         return
@@ -140,7 +127,7 @@ def check_attention_mask(attention_mask, batch: int, n: int, device: torch.devic
                          f"this call's tokens), got shape {tuple(attention_mask.shape)}")
     if attention_mask.device != device:
         raise ValueError(f"attention_mask must be on the inputs' device {device}, got {attention_mask.device}")
-    if not values or attention_mask.numel() == 0 or _CHECKED_MASKS.seen(attention_mask) or (
+    if not values or attention_mask.numel() == 0 or _CHECKED_MASK.get() is attention_mask or (
             attention_mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return
     mask = attention_mask.detach()
@@ -157,7 +144,6 @@ def check_attention_mask(attention_mask, batch: int, n: int, device: torch.devic
         raise ValueError(f"attention_mask must mark left padding only (each row 0s, then 1s): got a 0 after a 1 in "
                          f"row {row} (columns {col} and {col + 1}); right padding or a hole cannot be skipped by a "
                          f"recurrent state: pad on the left (tokenizer.padding_side = 'left')")
-    _CHECKED_MASKS.remember(attention_mask)
 
 
 def decay_tensor(gammas: Sequence[float], cache: dict, device: torch.device) -> torch.Tensor:

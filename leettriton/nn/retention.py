@@ -141,8 +141,8 @@ class MultiScaleRetention(nn.Module):
         from and updates this layer's state (``layer_idx``).
 
         A mask with a 0 after a 1 in a row (right padding, a hole) is refused with a ``ValueError``: its values
-        are read once per mask (one device sync on CUDA), except on a one-token step through a cache
-        (:func:`leettriton.nn.functional.check_attention_mask`)."""
+        are read on each call (one device sync on CUDA; a model reads them once for all its layers), except on a
+        one-token step through a cache (:func:`leettriton.nn.functional.check_attention_mask`)."""
         x = hidden_states
         check_hidden("hidden_states", x, self.hidden_size, "(batch, n, hidden_size)")
         B, n, _ = x.shape

@@ -383,3 +383,17 @@ def test_a_layer_without_a_packed_path_is_refused_before_any_pool_is_written():
         model.prefill_packed(ids, cu, positions, pools, _t([0]))
     for layer, (pool, old) in enumerate(zip(pools, before)):
         _assert_bit_equal(pool, old, f"layer {layer}'s pool")
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_token_ids_outside_the_vocabulary_are_named(kind):
+    model = _model(kind)
+    pools = model.make_state_pools(2)
+    _garbage(pools)
+    before = [p.clone() for p in pools]
+    with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, vocab_size=64\), got 64"):
+        model.prefill_packed(_t([1, 64]), _t([0, 2]), _t([0, 1]), pools, _t([0]))
+    with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, vocab_size=64\), got -3"):
+        model.decode_slotted(_t([-3, 5]), _t([4, 2]), pools, _t([0, 1]))
+    for pool, old in zip(pools, before):
+        _assert_bit_equal(pool, old, f"{kind}: pool after refused token ids")

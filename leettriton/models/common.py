@@ -296,6 +296,20 @@ class LinearAttentionGenerationMixin(GenerationMixin):
                                  f"needs a pool of its own (model.make_state_pools), or one layer's states would "
                                  f"overwrite another's")
 
+    def _check_token_values(self, input_ids: torch.Tensor, check) -> None:
+        """Token ids in [0, vocab): an id outside would index the embedding out of bounds (on CUDA a device-side
+        assert that ends the process's CUDA context).  One device sync on CUDA, skipped with ``check`` False (the
+        caller's ``check_indices`` / ``check_slots``, as the index checks of docs/design.md §13.3) and while a CUDA
+        graph is being captured."""
+        if check is not True or input_ids.numel() == 0 or (
+                input_ids.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return
+        vocab = self.get_input_embeddings().num_embeddings
+        low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()   # the one sync
+        if low < 0 or high >= vocab:
+            raise ValueError(f"input_ids must be token ids in [0, vocab_size={vocab}), got "
+                             f"{low if low < 0 else high}")
+
     def _check_packed_methods(self, method: Optional[str]) -> None:
         """Every layer's packed prefill method (``method``, or the layer's own) has a packed path, checked before
         the first layer writes its pool."""
@@ -348,8 +362,8 @@ class LinearAttentionGenerationMixin(GenerationMixin):
 
         Projections, norms and the MLP run on the packed token dimension; no loop over sequences.  Index tensors
         are read through their strides (a strided one is copied once, here, for every layer).  Every argument is
-        checked before a pool is written; reading the values of cu_seqlens and slot_ids costs one device sync on
-        CUDA per tensor version unless ``check_indices`` is False (docs/design.md §13.3).
+        checked before a pool is written; reading the values of input_ids (each call), cu_seqlens and slot_ids
+        (each tensor version) costs a device sync on CUDA unless ``check_indices`` is False (docs/design.md §13.3).
         Inference only (runs under ``torch.no_grad()``).
 
         Example::
@@ -362,6 +376,7 @@ class LinearAttentionGenerationMixin(GenerationMixin):
         """
         input_ids, positions = self._check_serving_inputs(input_ids, positions, state_pools)
         self._check_packed_methods(method)
+        self._check_token_values(input_ids, check_indices)
         cu_seqlens, slot_ids, has_initial_state = (contiguous_index(x) for x in (cu_seqlens, slot_ids,
                                                                                    has_initial_state))
         hidden = self._run_serving(input_ids, lambda i, attn, x: attn.prefill_packed(
@@ -394,7 +409,8 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             state_pools: as in :meth:`prefill_packed`; row i reads and updates ``state_pools[l][slot_ids[i]]``.
             slot_ids: int32/int64 ``(B,)``; a negative id is a padding row (its logits are to be ignored, no state
                 is touched), so a caller can keep fixed-size buffers.
-            check_slots: as in :func:`leettriton.decode_step`.
+            check_slots: as in :func:`leettriton.decode_step`; also whether the token ids are checked to lie in
+                [0, vocab) (a device sync on CUDA).
 
         Returns:
             logits ``(B, vocab)``.  Inference only (runs under ``torch.no_grad()``).
@@ -404,6 +420,7 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             >>> logits = model.decode_slotted(last_tokens, lengths, pools, slots)
         """
         input_ids, positions = self._check_serving_inputs(input_ids, positions, state_pools)
+        self._check_token_values(input_ids, check_slots)
         slot_ids = contiguous_index(slot_ids)
         hidden = self._run_serving(input_ids, lambda i, attn, x: attn.decode_slotted(
             x, positions, state_pools[i], slot_ids, check_slots=check_slots))

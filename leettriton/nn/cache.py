@@ -152,8 +152,8 @@ class LinearAttentionCache:
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Keep, for each new batch row i, the state of row ``beam_idx[i]`` (beam search).
 
-        ``beam_idx``: a 1-D integer tensor of rows in [0, batch); checked before any state changes (its range
-        is read: one device sync on CUDA, as beam search's own bookkeeping does per step).
+        ``beam_idx``: a 1-D integer tensor of rows in [0, batch), checked before any state changes (reading its
+        range costs one device sync on CUDA; an index out of range would otherwise be a device-side assert).
         """
         self._select("beam_idx", beam_idx)
 

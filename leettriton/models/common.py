@@ -7,8 +7,11 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .. import registry
+from ..api import VARLEN_NATIVE
 from ..nn import LinearAttentionCache
-from ..nn.functional import check_method
+from ..nn.functional import (check_attention_mask, check_hidden, check_method, check_positions, checked_mask,
+                             contiguous_index)
 from ..nn.fused import rms_norm_gate, swiglu
 from .decoding import DecoderCache, StaticDecoder
 
@@ -124,6 +127,33 @@ class LinearAttentionPreTrainedModel(PreTrainedModel):
 
 
 
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return type(x).__name__
+
+
+def _elements_overlap(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` may share memory: true for a zero stride on a dimension of size > 1 and for
+    any layout where a stride, in increasing order, is less than the span of the smaller ones (a sufficient
+    test of distinct elements; every layout PyTorch makes without ``as_strided`` passes it)."""
+    span = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(x.stride(), x.shape) if sz > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
+def _memory_span(x: torch.Tensor):
+    """(storage, first byte, end byte) of the memory ``x``'s elements lie in, or None when it has none."""
+    if x.numel() == 0:
+        return None
+    extent = sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
+    start = x.data_ptr()
+    return x.untyped_storage().data_ptr(), start, start + (extent + 1) * x.element_size()
+
+
 class LinearAttentionGenerationMixin(GenerationMixin):
     """``generate()`` for the causal LMs: no key/value cache, only the tokens the state has not seen are fed."""
 
@@ -210,19 +240,86 @@ class LinearAttentionGenerationMixin(GenerationMixin):
         return [torch.zeros((slots,) + shape, dtype=torch.float32, device=device)
                 for shape in self.cache_owner()[1]]
 
-    def _check_serving_inputs(self, input_ids, positions, state_pools) -> None:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.is_floating_point():
+    def _check_serving_inputs(self, input_ids, positions, state_pools):
+        """input_ids, positions and the pools of a serving call, checked before any work: ``(input_ids,
+        positions)``, positions made contiguous (None stays None: only RetNet's rotary and LRPE read them)."""
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.is_floating_point() \
+                or input_ids.is_complex() or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must be a 1-D integer tensor (the packed tokens), got "
-                             f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
-        if positions is not None and (not isinstance(positions, torch.Tensor)
-                                      or tuple(positions.shape) != tuple(input_ids.shape)):
-            raise ValueError(f"positions must be a tensor of the shape of input_ids {tuple(input_ids.shape)}, got "
-                             f"{getattr(positions, 'shape', type(positions).__name__)}")
-        layers = len(self.attention_layers())
-        if not isinstance(state_pools, (list, tuple)) or len(state_pools) != layers:
+                             f"{_describe(input_ids)}")
+        if input_ids.device != self.device:
+            raise ValueError(f"input_ids must be on the model's device {self.device}, got {input_ids.device}")
+        if positions is not None:
+            positions = check_positions(positions, input_ids.shape[0], input_ids.device,
+                                        "each token's position in its sequence, the shape of input_ids")
+        self._check_state_pools(state_pools)
+        return input_ids, positions
+
+    def _check_state_pools(self, state_pools) -> None:
+        """One float32 pool ``(slots, heads, r, d)`` per layer on the model's device, the same slot count in each,
+        and no two elements of the pools in one place: a pool whose elements overlap (an ``expand``-ed tensor)
+        or two layers' pools sharing memory would let one state's update overwrite another's.  Checked for
+        every pool before any layer runs, so a bad pool of a later layer leaves the earlier layers' untouched."""
+        shapes = self.cache_owner()[1]
+        if not isinstance(state_pools, (list, tuple)) or len(state_pools) != len(shapes):
             size = len(state_pools) if hasattr(state_pools, "__len__") else "?"
-            raise ValueError(f"state_pools must be a list of {layers} pools, one per layer (model.make_state_pools), "
-                             f"got {type(state_pools).__name__} of length {size}")
+            raise ValueError(f"state_pools must be a list of {len(shapes)} pools, one per layer "
+                             f"(model.make_state_pools), got {type(state_pools).__name__} of length {size}")
+        slots = None
+        spans = []
+        for i, (pool, shape) in enumerate(zip(state_pools, shapes)):
+            name = f"state_pools[{i}]"
+            if not isinstance(pool, torch.Tensor) or pool.dtype != torch.float32:
+                raise TypeError(f"{name} must be a float32 tensor (slots, heads, r, d) = (slots,) + {shape}, got "
+                                f"{_describe(pool)}")
+            if pool.dim() != 4 or tuple(pool.shape[1:]) != tuple(shape):
+                raise ValueError(f"{name} must have shape (slots, heads, r, d) = (slots,) + {shape} (layer {i}'s "
+                                 f"states), got shape {tuple(pool.shape)}")
+            if pool.device != self.device:
+                raise ValueError(f"{name} must be on the model's device {self.device}, got {pool.device}")
+            if slots is not None and pool.shape[0] != slots:
+                raise ValueError(f"state_pools must all have the same number of slots (one slot id names a slot "
+                                 f"of every layer), got {slots} in state_pools[0] and {pool.shape[0]} in {name}")
+            slots = pool.shape[0]
+            if _elements_overlap(pool):
+                raise ValueError(f"{name} must not have elements that share memory (it is written in place; an "
+                                 f"expanded or self-overlapping view would let one slot's update change others), "
+                                 f"got strides {tuple(pool.stride())} for shape {tuple(pool.shape)}: pass a "
+                                 f"contiguous pool (model.make_state_pools)")
+            span = _memory_span(pool)
+            if span is not None:
+                spans.append(span + (i,))
+        spans.sort()   # by storage, then first byte: an overlap is between neighbours
+        for (storage, _, end, i), (next_storage, next_start, _, j) in zip(spans, spans[1:]):
+            if storage == next_storage and next_start < end:
+                raise ValueError(f"state_pools[{min(i, j)}] and state_pools[{max(i, j)}] share memory: each layer "
+                                 f"needs a pool of its own (model.make_state_pools), or one layer's states would "
+                                 f"overwrite another's")
+
+    def _check_token_values(self, input_ids: torch.Tensor, check) -> None:
+        """Token ids in [0, vocab): an id outside would index the embedding out of bounds (on CUDA a device-side
+        assert that ends the process's CUDA context).  One device sync on CUDA, skipped with ``check`` False (the
+        caller's ``check_indices`` / ``check_slots``, as the index checks of docs/design.md §13.3) and while a CUDA
+        graph is being captured."""
+        if check is not True or input_ids.numel() == 0 or (
+                input_ids.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return
+        vocab = self.get_input_embeddings().num_embeddings
+        low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()   # the one sync
+        if low < 0 or high >= vocab:
+            raise ValueError(f"input_ids must be token ids in [0, vocab_size={vocab}), got "
+                             f"{low if low < 0 else high}")
+
+    def _check_packed_methods(self, method: Optional[str]) -> None:
+        """Every layer's packed prefill method (``method``, or the layer's own) has a packed path, checked before
+        the first layer writes its pool."""
+        for layer in self.attention_layers():
+            name = registry.canonical_method(layer.method if method is None else method)
+            if name not in ("auto",) + VARLEN_NATIVE and registry.torch_method(name) is None:
+                raise NotImplementedError(
+                    f"prefill_packed: layer {layer.layer_idx} would run method {name!r}, which has no packed "
+                    f"(variable-length) path; pass method= 'auto', {', '.join(repr(m) for m in VARLEN_NATIVE)} or "
+                    f"a '<method>_torch' twin")
 
     def _run_serving(self, input_ids, attend) -> torch.Tensor:
         """Embed packed ``input_ids``, run every block with its attention given by ``attend(layer_index, attn, x)``,
@@ -244,12 +341,15 @@ class LinearAttentionGenerationMixin(GenerationMixin):
         Args:
             input_ids: integer ``(T,)``: the prompts one after the other.
             cu_seqlens: int32/int64 ``(N + 1,)`` on the model's device: sequence i is tokens
-                [cu_seqlens[i], cu_seqlens[i + 1]); every sequence must be non-empty (a zero-length one has no
-                last token: its row of the result is another token's).
+                [cu_seqlens[i], cu_seqlens[i + 1]).  A zero-length sequence has no last token: its row of the
+                result is zeros, and its slot receives its start state, as in
+                :func:`leettriton.linear_attention_varlen` (the slot's own state with ``has_initial_state``,
+                else zero); no other sequence's logits or slot depend on it.
             positions: integer ``(T,)``: each token's position in its own sequence (0 … for a new prompt; the
-                tokens already in the slot's state onwards for a continued one).
+                tokens already in the slot's state onwards for a continued one).  Float positions are refused.
             state_pools: one float32 pool ``(slots, heads, r, d)`` per layer (:meth:`make_state_pools`), updated
-                in place.
+                in place; each its own memory (an expanded pool, or two layers sharing one, is refused), all with
+                the same slot count.
             slot_ids: int32/int64 ``(N,)``: each sequence's slot.
             has_initial_state: bool ``(N,)``: continue sequence i from its slot's state (else start from zero, as
                 a new request must); None: all start from zero.
@@ -260,7 +360,10 @@ class LinearAttentionGenerationMixin(GenerationMixin):
         Returns:
             The logits of each sequence's last token, ``(N, vocab)`` (``(T, vocab)`` with ``all_tokens``).
 
-        Projections, norms and the MLP run on the packed token dimension; no loop over sequences.
+        Projections, norms and the MLP run on the packed token dimension; no loop over sequences.  Index tensors
+        are read through their strides (a strided one is copied once, here, for every layer).  Every argument is
+        checked before a pool is written; reading the values of input_ids (each call), cu_seqlens and slot_ids
+        (each tensor version) costs a device sync on CUDA unless ``check_indices`` is False (docs/design.md §13.3).
         Inference only (runs under ``torch.no_grad()``).
 
         Example::
@@ -271,13 +374,29 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             >>> pos = torch.tensor([0, 1, 2, 0, 1], device="cuda")
             >>> logits = model.prefill_packed(ids, cu, pos, pools, torch.tensor([4, 0], device="cuda"))   # (2, vocab)
         """
-        self._check_serving_inputs(input_ids, positions, state_pools)
+        input_ids, positions = self._check_serving_inputs(input_ids, positions, state_pools)
+        self._check_packed_methods(method)
+        self._check_token_values(input_ids, check_indices)
+        cu_seqlens, slot_ids, has_initial_state = (contiguous_index(x) for x in (cu_seqlens, slot_ids,
+                                                                                   has_initial_state))
         hidden = self._run_serving(input_ids, lambda i, attn, x: attn.prefill_packed(
             x, cu_seqlens, positions, state_pools[i], slot_ids, has_initial_state, method=method,
             check_indices=check_indices))
-        if not all_tokens:
-            hidden = hidden[(cu_seqlens[1:] - 1).long()]
-        return self.lm_head(hidden)
+        if all_tokens:
+            return self.lm_head(hidden)
+        return self._last_token_logits(hidden, cu_seqlens)
+
+    def _last_token_logits(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """The logits of each sequence's last row of ``hidden`` ``(T, hidden)``, zeros for an empty sequence; the
+        offsets clamped to [0, T] as the packed kernels read them (unchecked ones give wrong rows, never an
+        access out of bounds).  On the device, no sync."""
+        T, N = hidden.shape[0], cu_seqlens.shape[0] - 1
+        if T == 0:
+            return self.lm_head(hidden.new_zeros((N, hidden.shape[1])))
+        offsets = cu_seqlens.clamp(0, T)
+        empty = offsets[1:] <= offsets[:-1]
+        logits = self.lm_head(hidden[(offsets[1:] - 1).clamp_min(0).long()])
+        return logits.masked_fill(empty[:, None], 0)
 
     @torch.no_grad()
     def decode_slotted(self, input_ids: torch.Tensor, positions: torch.Tensor, state_pools: list,
@@ -290,7 +409,8 @@ class LinearAttentionGenerationMixin(GenerationMixin):
             state_pools: as in :meth:`prefill_packed`; row i reads and updates ``state_pools[l][slot_ids[i]]``.
             slot_ids: int32/int64 ``(B,)``; a negative id is a padding row (its logits are to be ignored, no state
                 is touched), so a caller can keep fixed-size buffers.
-            check_slots: as in :func:`leettriton.decode_step`.
+            check_slots: as in :func:`leettriton.decode_step`; also whether the token ids are checked to lie in
+                [0, vocab) (a device sync on CUDA).
 
         Returns:
             logits ``(B, vocab)``.  Inference only (runs under ``torch.no_grad()``).
@@ -299,7 +419,9 @@ class LinearAttentionGenerationMixin(GenerationMixin):
 
             >>> logits = model.decode_slotted(last_tokens, lengths, pools, slots)
         """
-        self._check_serving_inputs(input_ids, positions, state_pools)
+        input_ids, positions = self._check_serving_inputs(input_ids, positions, state_pools)
+        self._check_token_values(input_ids, check_slots)
+        slot_ids = contiguous_index(slot_ids)
         hidden = self._run_serving(input_ids, lambda i, attn, x: attn.decode_slotted(
             x, positions, state_pools[i], slot_ids, check_slots=check_slots))
         return self.lm_head(hidden)
@@ -343,21 +465,36 @@ def decoder_token(embed, blocks, final_norm, token, states, position):
 
 def decoder_forward(model, embed, blocks, final_norm, input_ids, attention_mask, inputs_embeds, cache, use_cache,
                     output_hidden_states):
-    """Embeddings → blocks → final norm, with the cache made, checked and threaded through the blocks."""
+    """Embeddings → blocks → final norm, with the cache made, checked and threaded through the blocks.
+
+    Every input is checked before any work: ``input_ids`` a (batch, n) integer tensor on the model's device or
+    ``inputs_embeds`` (batch, n, hidden_size); ``attention_mask`` (batch, ≥ n) of 0/1 marking left padding only
+    (its values read once per call, not again by each layer, one device sync on CUDA, except on a one-token
+    step through a cache: :func:`leettriton.nn.functional.check_attention_mask`)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("give exactly one of input_ids and inputs_embeds")
-    hidden = embed(input_ids) if inputs_embeds is None else inputs_embeds
+    if inputs_embeds is None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
+                or input_ids.dtype == torch.bool or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a (batch, n) integer tensor of token ids, got {_describe(input_ids)}")
+        if input_ids.device != model.device:
+            raise ValueError(f"input_ids must be on the model's device {model.device}, got {input_ids.device}")
+        batch, n = input_ids.shape
+    else:
+        check_hidden("inputs_embeds", inputs_embeds, model.config.hidden_size, "(batch, n, hidden_size)")
+        batch, n = inputs_embeds.shape[:2]
     cache = model.check_cache(cache)
     if use_cache and cache is None:
         cache = model.make_cache()
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must be (batch, length) of 0/1 (left padding), got shape "
-                         f"{tuple(attention_mask.shape)}")
+    one_token_step = n == 1 and use_cache and cache is not None and cache.has_previous_state(0)
+    check_attention_mask(attention_mask, batch, n, model.device, values=not one_token_step)
+    hidden = embed(input_ids) if inputs_embeds is None else inputs_embeds
     states = () if output_hidden_states else None
-    for block in blocks:
-        if output_hidden_states:
-            states += (hidden,)
-        hidden = block(hidden, attention_mask, cache if use_cache else None)
+    with checked_mask(attention_mask):   # the layers do not read its values again
+        for block in blocks:
+            if output_hidden_states:
+                states += (hidden,)
+            hidden = block(hidden, attention_mask, cache if use_cache else None)
     hidden = final_norm(hidden)
     if output_hidden_states:
         states += (hidden,)

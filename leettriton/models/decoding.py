@@ -127,6 +127,8 @@ class StaticDecoder:
             raise RuntimeError("the model's parameters moved since this decoder was built (model.to(...) or new "
                                "tensors): build a new StaticDecoder")
         cache = self.model.make_cache()
+        if isinstance(attention_mask, torch.Tensor):
+            attention_mask = attention_mask.to(self.device)   # as input_ids
         out = self.model(input_ids.to(self.device), attention_mask=attention_mask, cache=cache, use_cache=True,
                          logits_to_keep=1)
         for i, state in enumerate(self.states):

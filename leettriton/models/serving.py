@@ -316,7 +316,8 @@ class ContinuousBatchingGenerator:
         if bad:
             raise ValueError(f"prompt tokens must be ints in [0, vocab_size={self.vocab_size}), got {bad[0]!r}")
         _positive_int("max_new_tokens", max_new_tokens)
-        if stop_token is not None and (not isinstance(stop_token, int) or not 0 <= stop_token < self.vocab_size):
+        if stop_token is not None and (not isinstance(stop_token, int) or isinstance(stop_token, bool)
+                                       or not 0 <= stop_token < self.vocab_size):
             raise ValueError(f"stop_token must be None or an int in [0, vocab_size={self.vocab_size}), got "
                              f"{stop_token!r}")
         if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature >= 0 \
@@ -329,6 +330,11 @@ class ContinuousBatchingGenerator:
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
         request_id = number if request_id is None else request_id
+        if not isinstance(request_id, Hashable):
+            raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}")
+        if arrival is not None and (not isinstance(arrival, (int, float)) or isinstance(arrival, bool)
+                                    or not math.isfinite(arrival)):
+            raise ValueError(f"arrival must be None or a finite time on the generator's clock, got {arrival!r}")
         if request_id in self._ids:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self._ids.add(request_id)

@@ -53,8 +53,12 @@ class LinearAttentionCache:
     is_compileable = False
 
     def __init__(self, num_layers: Optional[int] = None, owner: Optional[tuple] = None) -> None:
+        if num_layers is not None and (not isinstance(num_layers, int) or isinstance(num_layers, bool)
+                                       or num_layers < 0):
+            raise ValueError(f"num_layers must be None or an int ≥ 0, got {num_layers!r}")
         self.layers: list[LayerState] = [LayerState() for _ in range(num_layers or 0)]
         self.owner = owner
+        self.record_past = False   # set by activate_past_recording(): layers added later record too
 
     # ------------------------------------------------------------------ per-layer access
 
@@ -64,7 +68,9 @@ class LinearAttentionCache:
             raise ValueError(f"layer_idx must be a non-negative int to use a cache, got {layer_idx!r} "
                              f"(give each layer its index: layer_idx=...)")
         while len(self.layers) <= layer_idx:
-            self.layers.append(LayerState())
+            entry = LayerState()
+            entry.record_past = self.record_past
+            self.layers.append(entry)
         return self.layers[layer_idx]
 
     def get_state(self, layer_idx: int) -> Optional[torch.Tensor]:
@@ -114,7 +120,7 @@ class LinearAttentionCache:
     @property
     def is_croppable(self) -> bool:
         """Whether :meth:`crop` can go back (only while past states are recorded)."""
-        return all(entry.record_past for entry in self.layers)
+        return self.record_past and all(entry.record_past for entry in self.layers)
 
     @property
     def batch_size(self) -> int:
@@ -144,18 +150,45 @@ class LinearAttentionCache:
             entry.past = []
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Keep, for each new batch row i, the state of row ``beam_idx[i]`` (beam search)."""
+        """Keep, for each new batch row i, the state of row ``beam_idx[i]`` (beam search).
+
+        ``beam_idx``: a 1-D integer tensor of rows in [0, batch), checked before any state changes (reading its
+        range costs one device sync on CUDA; an index out of range would otherwise be a device-side assert).
+        """
+        self._select("beam_idx", beam_idx)
+
+    def _select(self, name: str, rows) -> None:
+        self._check_rows(name, rows)
         for entry in self.layers:
             if entry.state is not None:
-                entry.state = entry.state.index_select(0, beam_idx.to(entry.state.device))
-            entry.past = [(seen, None if s is None else s.index_select(0, beam_idx.to(s.device)))
+                entry.state = entry.state.index_select(0, rows.to(entry.state.device))
+            entry.past = [(seen, None if s is None else s.index_select(0, rows.to(s.device)))
                           for seen, s in entry.past]
 
+    def _check_rows(self, name: str, rows) -> None:
+        """``rows`` a 1-D integer tensor of batch rows in [0, batch) (any range while no state is held)."""
+        if not isinstance(rows, torch.Tensor) or rows.is_floating_point() or rows.is_complex() \
+                or rows.dtype == torch.bool:
+            got = f"a {rows.dtype} tensor" if isinstance(rows, torch.Tensor) else type(rows).__name__
+            raise TypeError(f"{name} must be a 1-D integer tensor of batch rows, got {got}")
+        if rows.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D tensor of batch rows, got shape {tuple(rows.shape)}")
+        batch = self.batch_size
+        if batch < 0 or rows.numel() == 0:
+            return
+        low, high = torch.stack([rows.min(), rows.max()]).tolist()
+        if low < 0 or high >= batch:
+            raise ValueError(f"{name} must hold rows in [0, {batch}) (the cache's batch), got "
+                             f"{low if low < 0 else high}")
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.reorder_cache(indices)
+        """Keep the batch rows ``indices`` (as :meth:`reorder_cache`)."""
+        self._select("indices", indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat every batch row ``repeats`` times, as ``generate`` does for beams and several sequences."""
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"repeats must be a positive int, got {repeats!r}")
         for entry in self.layers:
             if entry.state is not None:
                 entry.state = entry.state.repeat_interleave(repeats, dim=0)
@@ -163,7 +196,9 @@ class LinearAttentionCache:
                           for seen, s in entry.past]
 
     def activate_past_recording(self) -> None:
-        """Keep every layer's state before each update, so that :meth:`crop` can return to it."""
+        """Keep every layer's state before each update, so that :meth:`crop` can return to it (layers the cache
+        gains later, as one built without ``num_layers`` does on first use, record too)."""
+        self.record_past = True
         for entry in self.layers:
             entry.record_past = True
 
@@ -174,6 +209,9 @@ class LinearAttentionCache:
         (:meth:`activate_past_recording`); without one, only cropping to 0 (:meth:`reset`) or to
         the current length (a no-op) is possible, and anything else raises ``ValueError``.
         """
+        if not isinstance(max_length, int) or isinstance(max_length, bool):
+            raise TypeError(f"max_length must be an int (negative: tokens to remove), got {max_length!r}")
+        plan = []   # every layer is checked before any is changed
         for i, entry in enumerate(self.layers):
             target = entry.seen + max_length if max_length < 0 else max_length
             if target < 0:
@@ -181,7 +219,7 @@ class LinearAttentionCache:
             if target >= entry.seen:
                 continue
             if target == 0:
-                entry.state, entry.seen, entry.past = None, 0, []
+                plan.append((entry, None))
                 continue
             kept = [k for k, (seen, _) in enumerate(entry.past) if seen == target]
             if not kept:
@@ -189,9 +227,13 @@ class LinearAttentionCache:
                     f"crop({max_length}): layer {i} holds the state after {entry.seen} tokens and no recorded "
                     f"state after {target}; a recurrent state cannot be rolled back (call "
                     f"activate_past_recording() before the tokens to undo, or reset())")
-            k = kept[-1]
-            entry.seen, entry.state = entry.past[k]
-            del entry.past[k:]
+            plan.append((entry, kept[-1]))
+        for entry, k in plan:
+            if k is None:
+                entry.state, entry.seen, entry.past = None, 0, []
+            else:
+                entry.seen, entry.state = entry.past[k]
+                del entry.past[k:]
 
     def to(self, device) -> "LinearAttentionCache":
         for entry in self.layers:

@@ -6,6 +6,8 @@ projections (layout ``"bnhd"``, no copies): docs/design.md §12.1.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Callable, Optional, Sequence
 
@@ -17,7 +19,8 @@ from ..problem import requires_grad
 from .cache import LinearAttentionCache
 from .fused import rotary, uses_kernels
 
-__all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor"]
+__all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
+           "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index"]
 
 
 def _one_plus_elu(x):
@@ -43,6 +46,104 @@ def activation(name: Optional[str], what: str) -> Optional[Callable]:
 def check_method(method) -> str:
     """``method`` as the registry knows it (every registered method, the paper's spellings, ``"auto"``)."""
     return registry.canonical_method(method)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return type(x).__name__
+
+
+def check_hidden(name: str, x, hidden_size: int, shape: str) -> None:
+    """``x`` a floating-point tensor of ``shape`` (e.g. ``"(batch, n, hidden_size)"``: its rank, the last size
+    ``hidden_size``), else a clear error before a projection would raise deep inside ``nn.Linear``."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor {shape}, got {_describe(x)}")
+    if x.dim() != shape.count(",") + 1 or x.shape[-1] != hidden_size:
+        raise ValueError(f"{name} must have shape {shape} with hidden_size={hidden_size}, got shape "
+                         f"{tuple(x.shape)}")
+
+
+def contiguous_index(x):
+    """An index tensor (cu_seqlens, slot ids, flags) as one contiguous tensor, so that every path reads the
+    values its logical view holds (a contiguous tensor is returned as it is; anything else is left for the
+    operator's checks to name)."""
+    return x.contiguous() if isinstance(x, torch.Tensor) else x
+
+
+def is_integer_tensor(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds integers (bool, floating and complex tensors do not)."""
+    return not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+
+
+def check_positions(positions, rows: Optional[int], device: torch.device, what: str) -> torch.Tensor:
+    """``positions`` as the serving and decoding paths read it: an integer tensor of shape ``(rows,)`` (None:
+    one element) on ``device``, made contiguous (a strided view is copied once, so every path reads what it
+    means).  Float positions are refused on every path alike: a rotary or LRPE angle is position × frequency of
+    an integer position (docs/design.md §13.5)."""
+    want = f"({rows},)" if rows is not None else "(1,)"
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"positions must be an integer tensor of shape {want} ({what}), got {_describe(positions)}")
+    if not is_integer_tensor(positions):   # a ValueError, as the fused ops' own check of the same rule
+        raise ValueError(f"positions must be an integer tensor of shape {want} ({what}), got {_describe(positions)}")
+    if tuple(positions.shape) != ((rows,) if rows is not None else (1,)):
+        raise ValueError(f"positions must have shape {want} ({what}), got shape {tuple(positions.shape)}")
+    if positions.device != device:
+        raise ValueError(f"positions must be on the inputs' device {device}, got {positions.device}")
+    return positions.contiguous()
+
+
+_CHECKED_MASK: contextvars.ContextVar = contextvars.ContextVar("leettriton_checked_mask", default=None)
+
+
+@contextlib.contextmanager
+def checked_mask(attention_mask: Optional[torch.Tensor]):
+    """Within the block, :func:`check_attention_mask` does not read ``attention_mask``'s values again: a model
+    checks its mask once and then runs its layers, each of which would otherwise read it (one device sync each
+    on CUDA)."""
+    token = _CHECKED_MASK.set(attention_mask)
+    try:
+        yield
+    finally:
+        _CHECKED_MASK.reset(token)
+
+
+def check_attention_mask(attention_mask, batch: int, n: int, device: torch.device, *, values: bool = True) -> None:
+    """``attention_mask`` ``(batch, ≥ n)`` of 0/1 marking left padding: in each row every 0 comes before every 1.
+
+    Structure is checked on the host.  With ``values`` the entries are read too (one device sync on CUDA, never
+    while a CUDA graph is being captured, nor inside :func:`checked_mask` of this mask): a 0 after a 1 (right
+    padding, or a hole) or a value other than 0 and 1 is refused, since a recurrent state cannot skip a token
+    and the next token would follow the padding (docs/design.md §12.1).  The models check their mask once per
+    call and leave one-token steps through a cache unchecked (a sync per generated token).
+    """
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.is_complex():
+        raise TypeError(f"attention_mask must be a (batch, length) tensor of 0/1 (left padding), got "
+                        f"{_describe(attention_mask)}")
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < n:
+        raise ValueError(f"attention_mask must have shape (batch={batch}, length ≥ {n}) (its last {n} columns mark "
+                         f"this call's tokens), got shape {tuple(attention_mask.shape)}")
+    if attention_mask.device != device:
+        raise ValueError(f"attention_mask must be on the inputs' device {device}, got {attention_mask.device}")
+    if not values or attention_mask.numel() == 0 or _CHECKED_MASK.get() is attention_mask or (
+            attention_mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return
+    mask = attention_mask.detach()
+    not_binary = (mask != 0) & (mask != 1)
+    ones = mask != 0
+    right_padded = ones[:, :-1] & ~ones[:, 1:]                      # a 1 followed by a 0
+    bad_value, bad_order = torch.stack([not_binary.any(), right_padded.any()]).tolist()   # the one sync
+    if bad_value:
+        row, col = (int(i) for i in not_binary.nonzero()[0])
+        raise ValueError(f"attention_mask must hold only 0 and 1, got attention_mask[{row}, {col}] = "
+                         f"{mask[row, col].item()}")
+    if bad_order:
+        row, col = (int(i) for i in right_padded.nonzero()[0])
+        raise ValueError(f"attention_mask must mark left padding only (each row 0s, then 1s): got a 0 after a 1 in "
+                         f"row {row} (columns {col} and {col + 1}); right padding or a hole cannot be skipped by a "
+                         f"recurrent state: pad on the left (tokenizer.padding_side = 'left')")
 
 
 def decay_tensor(gammas: Sequence[float], cache: dict, device: torch.device) -> torch.Tensor:
@@ -156,6 +257,9 @@ class RotaryTable:
         largest position, nothing for a CUDA graph to outgrow); they are the table's float32 values,
         position × inverse frequency, so the result is that of :meth:`apply` at the same position.
         """
+        if not isinstance(positions, torch.Tensor) or not is_integer_tensor(positions):
+            raise ValueError(f"positions must be an integer tensor of shape ({x.shape[0]},) or (1,), got "
+                             f"{_describe(positions)}")
         if uses_kernels(x) and positions.device == x.device:
             return rotary(x, self.inv_freq(x.device), positions=positions, scale=scale)
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq(x.device)[None]   # [tokens or 1, dim/2]

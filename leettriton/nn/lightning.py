@@ -9,7 +9,8 @@ from torch import nn
 
 from .. import api
 from .cache import LinearAttentionCache
-from .functional import activation, attend, check_method, decay_tensor
+from .functional import (activation, attend, check_attention_mask, check_hidden, check_method, check_positions,
+                         contiguous_index, decay_tensor, is_integer_tensor)
 from .fused import lrpe, rms_norm_gate, uses_kernels
 
 __all__ = ["NormLinearAttention", "transnormer_slopes", "transnormer_gammas"]
@@ -94,6 +95,9 @@ class Lrpe(nn.Module):
         """Rows ``x`` ``(tokens, H, D)``, row i at position ``positions[i]`` → ``(tokens, H, 2D)``; a one-element
         ``positions`` (a tensor on x's device, read there: no host sync) encodes every row at that position.
         The same arithmetic as :meth:`forward`."""
+        if not isinstance(positions, torch.Tensor) or not is_integer_tensor(positions):
+            got = positions.dtype if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be an integer tensor of shape ({x.shape[0]},) or (1,), got {got}")
         if uses_kernels(x, self.theta) and positions.device == x.device:
             return lrpe(x, self.theta, positions=positions)
         angle = positions.to(torch.float32)[:, None, None] * self.theta.float()[:, 0, :][None]   # [tokens or 1, H, D]
@@ -167,13 +171,17 @@ class NormLinearAttention(nn.Module):
                 cache: Optional[LinearAttentionCache] = None) -> torch.Tensor:
         """As :meth:`MultiScaleRetention.forward`."""
         x = hidden_states
+        check_hidden("hidden_states", x, self.hidden_size, "(batch, n, hidden_size)")
         B, n, _ = x.shape
         H, D = self.num_heads, self.head_dim
+        entry = cache.layer(self.layer_idx) if cache is not None else None
+        one_token_step = n == 1 and entry is not None and entry.state is not None
+        check_attention_mask(attention_mask, B, n, x.device, values=not one_token_step)
         q, k, v, u = self.qkvu_proj(x).chunk(4, dim=-1)
         b, c = self.act(q.view(B, n, H, D)), self.act(k.view(B, n, H, D))
         v = v.view(B, n, H, D)
         if self.use_lrpe:
-            offset = cache.layer(self.layer_idx).seen if cache is not None else 0
+            offset = entry.seen if entry is not None else 0
             b, c = self.lrpe(b, offset), self.lrpe(c, offset)
         if attention_mask is not None:
             v = v * attention_mask[:, -n:, None, None].to(v.dtype)
@@ -186,6 +194,8 @@ class NormLinearAttention(nn.Module):
         ``x`` ``(batch, hidden_size)`` → ``(batch, hidden_size)``, ``state`` float32 ``(batch, heads, r, d)``
         updated in place, ``position`` a one-element int64 tensor on x's device (used by LRPE).  No host sync:
         a CUDA graph can capture it.  The same arithmetic as a one-token :meth:`forward` through a cache."""
+        check_hidden("x", x, self.hidden_size, "(batch, hidden_size)")
+        position = check_positions(position, None, x.device, "the token's position")
         B = x.shape[0]
         H, D = self.num_heads, self.head_dim
         q, k, v, u = self.qkvu_proj(x).chunk(4, dim=-1)
@@ -210,9 +220,10 @@ class NormLinearAttention(nn.Module):
                        check_indices: bool = True) -> torch.Tensor:
         """As :meth:`MultiScaleRetention.prefill_packed`; ``positions`` is needed only with LRPE (else None)."""
         b, c, v, u = self._serving_project(hidden_states, positions)
-        o = api.linear_attention_varlen(b, c, v, cu_seqlens, self.gamma(hidden_states.device),
+        o = api.linear_attention_varlen(b, c, v, contiguous_index(cu_seqlens), self.gamma(hidden_states.device),
                                         method=self.method if method is None else method, state_pool=state_pool,
-                                        slot_ids=slot_ids, has_initial_state=has_initial_state,
+                                        slot_ids=contiguous_index(slot_ids),
+                                        has_initial_state=contiguous_index(has_initial_state),
                                         precision=self.precision, check_indices=check_indices)
         return self.out_proj(self._norm_and_gate(o.reshape(o.shape[0], self.hidden_dim), u))
 
@@ -220,22 +231,19 @@ class NormLinearAttention(nn.Module):
                        slot_ids: torch.Tensor, *, check_slots: bool = True) -> torch.Tensor:
         """As :meth:`MultiScaleRetention.decode_slotted`; ``positions`` is needed only with LRPE (else None)."""
         b, c, v, u = self._serving_project(hidden_states, positions)
-        o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device), slot_ids=slot_ids,
-                               check_slots=check_slots)
+        o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device),
+                               slot_ids=contiguous_index(slot_ids), check_slots=check_slots)
         return self.out_proj(self._norm_and_gate(o.reshape(o.shape[0], self.hidden_dim), u))
 
     def _serving_project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
         """b, c, v ``(tokens, H, ·)`` and the gate u ``(tokens, hidden_dim)`` of packed rows ``x``."""
-        if x.dim() != 2 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states must be (tokens, hidden_size={self.hidden_size}), got shape "
-                             f"{tuple(x.shape)}")
+        check_hidden("hidden_states", x, self.hidden_size, "(tokens, hidden_size)")
         T = x.shape[0]
+        if self.use_lrpe or positions is not None:   # checked alike whether LRPE reads them or not
+            positions = check_positions(positions, T, x.device, "each token's position in its sequence, for LRPE")
         H, D = self.num_heads, self.head_dim
         q, k, v, u = self.qkvu_proj(x).chunk(4, dim=-1)
         b, c = self.act(q.view(T, H, D)), self.act(k.view(T, H, D))
         if self.use_lrpe:
-            if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (T,):
-                raise ValueError(f"positions must be a tensor of shape ({T},) (each token's position in its "
-                                 f"sequence, for LRPE), got {getattr(positions, 'shape', type(positions).__name__)}")
             b, c = self.lrpe.at(b, positions), self.lrpe.at(c, positions)
         return b, c, v.view(T, H, D), u

@@ -9,7 +9,8 @@ from torch import nn
 
 from .. import api
 from .cache import LinearAttentionCache
-from .functional import RotaryTable, activation, attend, check_method, decay_tensor, rms_norm
+from .functional import (RotaryTable, activation, attend, check_attention_mask, check_hidden, check_method,
+                         check_positions, contiguous_index, decay_tensor, rms_norm)
 from .fused import rms_norm_gate
 
 __all__ = ["MultiScaleRetention", "retnet_gammas"]
@@ -137,11 +138,19 @@ class MultiScaleRetention(nn.Module):
                 cache: Optional[LinearAttentionCache] = None) -> torch.Tensor:
         """``hidden_states`` ``(batch, n, hidden_size)``; ``attention_mask`` ``(batch, ≥ n)`` of 0/1 (left padding:
         its last n columns mark this call's tokens; a 0 token adds nothing to the state); ``cache`` continues
-        from and updates this layer's state (``layer_idx``)."""
+        from and updates this layer's state (``layer_idx``).
+
+        A mask with a 0 after a 1 in a row (right padding, a hole) is refused with a ``ValueError``: its values
+        are read on each call (one device sync on CUDA; a model reads them once for all its layers), except on a
+        one-token step through a cache (:func:`leettriton.nn.functional.check_attention_mask`)."""
         x = hidden_states
+        check_hidden("hidden_states", x, self.hidden_size, "(batch, n, hidden_size)")
         B, n, _ = x.shape
         H, r, d = self.num_heads, self.head_k_dim, self.head_v_dim
-        offset = cache.layer(self.layer_idx).seen if cache is not None else 0
+        entry = cache.layer(self.layer_idx) if cache is not None else None
+        offset = entry.seen if entry is not None else 0
+        one_token_step = n == 1 and entry is not None and entry.state is not None
+        check_attention_mask(attention_mask, B, n, x.device, values=not one_token_step)
         q = self.q_proj(x).view(B, n, H, r)
         k = self.k_proj(x).view(B, n, self.num_kv_heads, r)
         v = self.v_proj(x).view(B, n, self.num_kv_heads, d)
@@ -168,6 +177,8 @@ class MultiScaleRetention(nn.Module):
         from ``position`` on the device.  The same arithmetic as a one-token
         :meth:`forward` through a cache, without the cache's bookkeeping.  No gradient (inference only).
         """
+        check_hidden("x", x, self.hidden_size, "(batch, hidden_size)")
+        position = check_positions(position, None, x.device, "the token's position")
         B = x.shape[0]
         H, r, d = self.num_heads, self.head_k_dim, self.head_v_dim
         q = self.q_proj(x).view(B, H, r)
@@ -230,9 +241,10 @@ class MultiScaleRetention(nn.Module):
             >>> y = layer.prefill_packed(x_packed, cu, positions, pool, slots)   # x_packed: (T, hidden)
         """
         b, c, v = self._serving_project(hidden_states, positions)
-        o = api.linear_attention_varlen(b, c, v, cu_seqlens, self.gamma(hidden_states.device),
+        o = api.linear_attention_varlen(b, c, v, contiguous_index(cu_seqlens), self.gamma(hidden_states.device),
                                         method=self.method if method is None else method, state_pool=state_pool,
-                                        slot_ids=slot_ids, has_initial_state=has_initial_state,
+                                        slot_ids=contiguous_index(slot_ids),
+                                        has_initial_state=contiguous_index(has_initial_state),
                                         precision=self.precision, check_indices=check_indices)
         return self._serving_output(hidden_states, o)
 
@@ -246,18 +258,14 @@ class MultiScaleRetention(nn.Module):
         :func:`leettriton.decode_step` call, the states updated in place.  Returns ``(B, hidden_size)``.
         """
         b, c, v = self._serving_project(hidden_states, positions)
-        o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device), slot_ids=slot_ids,
-                               check_slots=check_slots)
+        o, _ = api.decode_step(b, c, v, state_pool, self.gamma(hidden_states.device),
+                               slot_ids=contiguous_index(slot_ids), check_slots=check_slots)
         return self._serving_output(hidden_states, o)
 
     def _serving_project(self, x: torch.Tensor, positions: torch.Tensor):
         """b, c ``(tokens, H, r)`` and v ``(tokens, H, d)`` of packed rows ``x`` ``(tokens, hidden_size)``."""
-        if x.dim() != 2 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states must be (tokens, hidden_size={self.hidden_size}), got shape "
-                             f"{tuple(x.shape)}")
-        if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (x.shape[0],):
-            raise ValueError(f"positions must be a tensor of shape ({x.shape[0]},) (each token's position in its "
-                             f"sequence), got {getattr(positions, 'shape', type(positions).__name__)}")
+        check_hidden("hidden_states", x, self.hidden_size, "(tokens, hidden_size)")
+        positions = check_positions(positions, x.shape[0], x.device, "each token's position in its sequence")
         T = x.shape[0]
         H, r, d = self.num_heads, self.head_k_dim, self.head_v_dim
         q = self.q_proj(x).view(T, H, r)

@@ -7,6 +7,8 @@ given (docs/design.md §1, §2).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 import os
@@ -20,7 +22,7 @@ __all__ = [
     "Problem", "make_problem", "check_tensor", "check_gamma_values", "check_token_triple", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "new_like", "output_template", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
-    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed",
+    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed", "device_guards_only",
 ]
 
 MAX_DIM = 1024
@@ -322,7 +324,7 @@ class _CheckedTensors:
 
     def check(self, g: torch.Tensor) -> None:
         """γ's values: in (0, 1], no NaN."""
-        if self.seen(g):
+        if self.seen(g) or _GUARDS_ONLY.get():
             return
         flat = g.detach().reshape(-1)
         if flat.device.type == "cpu":  # checked on every call: a few values, read in Python
@@ -338,6 +340,18 @@ class _CheckedTensors:
 
 
 _CHECKED = _CheckedTensors(remember_cpu=True)
+_GUARDS_ONLY = contextvars.ContextVar("leettriton_guards_only", default=False)
+
+
+@contextlib.contextmanager
+def device_guards_only():
+    """Within it, no check reads a tensor's values (γ's range, slot ids, sequence offsets): the kernels'
+    own guards stand in for them, as in a compiled region (docs/call-path.md §5)."""
+    token = _GUARDS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _GUARDS_ONLY.reset(token)
 
 
 def _interpreting() -> bool:
@@ -437,7 +451,8 @@ def check_slot_values(name: str, slot_ids: torch.Tensor, slots: int, check: bool
     """Slot ids below ``slots`` (negative: padding), no slot twice.  Reading them costs one device sync
     on CUDA: done once per tensor version, never while a CUDA graph is being captured, and not at all
     when ``check`` is False (docs/design.md §13.3)."""
-    if not check or slot_ids.numel() == 0 or _CHECKED_INDICES.seen(slot_ids, ("slots", slots)) or _capturing(slot_ids):
+    if not check or slot_ids.numel() == 0 or _CHECKED_INDICES.seen(slot_ids, ("slots", slots)) or _capturing(slot_ids) \
+            or _GUARDS_ONLY.get():
         return
     ids = slot_ids.detach()
     ordered = torch.sort(ids).values
@@ -458,7 +473,7 @@ def check_slot_values(name: str, slot_ids: torch.Tensor, slots: int, check: bool
 def check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, check: bool) -> None:
     """cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = T (``total``): one device sync on CUDA, once
     per tensor version, never while capturing, not at all when ``check`` is False."""
-    if not check or _CHECKED_INDICES.seen(cu_seqlens, ("total", total)) or _capturing(cu_seqlens):
+    if not check or _CHECKED_INDICES.seen(cu_seqlens, ("total", total)) or _capturing(cu_seqlens) or _GUARDS_ONLY.get():
         return
     cu = cu_seqlens.detach()
     steps = cu[1:] - cu[:-1]

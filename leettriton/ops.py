@@ -1,5 +1,5 @@
 """The public entry points as registered operators (``torch.ops.leettriton.*``), which ``torch.compile``
-traces as single opaque nodes (docs/call-path.md §5).
+traces as single opaque nodes (docs/design.md §4.6).
 
 Each operator's body is the entry point's eager path, run as it is (its plan, its launches); its fake
 implementation gives every output's shape, dtype and strides from the inputs' metadata alone, so the
@@ -10,7 +10,7 @@ operator of its own, registered as the forward's autograd formula (docs/design.m
 The public functions call these operators only while a trace is being made
 (:func:`torch.compiler.is_compiling`): eager calls keep their own path and host time.  Inside a compiled
 region no check reads a tensor's values: γ's range, the slot ids and the sequence offsets are left to the
-kernels' own guards (a γ out of range gives NaN rows, ids and offsets are clamped: docs/call-path.md §5).
+kernels' own guards (a γ out of range gives NaN rows, ids and offsets are clamped: docs/design.md §4.6).
 
 γ travels as a tensor (``gamma``) or a float (``gamma_value``), never both; methods, layouts and precisions
 as strings.  The eager entry points are bound by :mod:`leettriton.api` (:func:`bind`), which sits above this
@@ -46,7 +46,7 @@ def split_gamma(gamma, heads: Optional[int] = None, device=None) -> tuple[Option
     """γ as the operators take it: ``(tensor, None)``, ``(None, float)`` or ``(None, None)`` (no decay).
 
     A float's value is checked here (it is known while tracing); a tensor's type, shape (given ``heads``) and
-    device (given ``device``), never its values, which are left to the kernels (docs/call-path.md §5)."""
+    device (given ``device``), never its values, which are left to the kernels (docs/design.md §4.6)."""
     if gamma is None:
         return None, None
     if isinstance(gamma, Tensor):
@@ -228,7 +228,7 @@ def _decode_step_fake(b_t, c_t, v_t, state, gamma, gamma_value, slot_ids):
 
 
 def _skips(x: Tensor) -> bool:
-    """Whether an operator's body skips the index checks (the kernels guard the indices: docs/call-path.md §5)."""
+    """Whether an operator's body skips the index checks (the kernels guard the indices: docs/design.md §4.6)."""
     return x.device.type == "cuda" or is_interpreting()
 
 

@@ -346,7 +346,7 @@ _GUARDS_ONLY = contextvars.ContextVar("leettriton_guards_only", default=False)
 @contextlib.contextmanager
 def device_guards_only():
     """Within it, no check reads a tensor's values (γ's range, slot ids, sequence offsets): the kernels'
-    own guards stand in for them, as in a compiled region (docs/call-path.md §5)."""
+    own guards stand in for them, as in a compiled region (docs/design.md §4.6)."""
     token = _GUARDS_ONLY.set(True)
     try:
         yield

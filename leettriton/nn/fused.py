@@ -34,7 +34,12 @@ GATE_ACTS = (None, "swish", "identity")
 
 
 def uses_kernels(*tensors: Optional[torch.Tensor]) -> bool:
-    """True when the fused ops run their Triton kernel on these tensors (CUDA, or CPU under the interpreter)."""
+    """True when the fused ops run their Triton kernel on these tensors (CUDA, or CPU under the interpreter).
+
+    Never while ``torch.compile`` traces: there the PyTorch twins' arithmetic joins the graph, for the compiler to
+    fuse with the work around it (docs/design.md §4.6)."""
+    if torch.compiler.is_compiling():
+        return False
     present = [t for t in tensors if t is not None]
     if not present or any(t.dtype not in _KERNEL_DTYPES for t in present):
         return False

@@ -345,8 +345,8 @@ _GUARDS_ONLY = contextvars.ContextVar("leettriton_guards_only", default=False)
 
 @contextlib.contextmanager
 def device_guards_only():
-    """Within it, no check reads a tensor's values (γ's range, slot ids, sequence offsets): the kernels'
-    own guards stand in for them, as in a compiled region (docs/design.md §4.6)."""
+    """Within it, γ's values are not checked: the kernels' own guard stands in for the check, as in a
+    compiled region (docs/design.md §4.6; the index checks have their own switches)."""
     token = _GUARDS_ONLY.set(True)
     try:
         yield
@@ -451,8 +451,7 @@ def check_slot_values(name: str, slot_ids: torch.Tensor, slots: int, check: bool
     """Slot ids below ``slots`` (negative: padding), no slot twice.  Reading them costs one device sync
     on CUDA: done once per tensor version, never while a CUDA graph is being captured, and not at all
     when ``check`` is False (docs/design.md §13.3)."""
-    if not check or slot_ids.numel() == 0 or _CHECKED_INDICES.seen(slot_ids, ("slots", slots)) or _capturing(slot_ids) \
-            or _GUARDS_ONLY.get():
+    if not check or slot_ids.numel() == 0 or _CHECKED_INDICES.seen(slot_ids, ("slots", slots)) or _capturing(slot_ids):
         return
     ids = slot_ids.detach()
     ordered = torch.sort(ids).values
@@ -473,7 +472,7 @@ def check_slot_values(name: str, slot_ids: torch.Tensor, slots: int, check: bool
 def check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, check: bool) -> None:
     """cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = T (``total``): one device sync on CUDA, once
     per tensor version, never while capturing, not at all when ``check`` is False."""
-    if not check or _CHECKED_INDICES.seen(cu_seqlens, ("total", total)) or _capturing(cu_seqlens) or _GUARDS_ONLY.get():
+    if not check or _CHECKED_INDICES.seen(cu_seqlens, ("total", total)) or _capturing(cu_seqlens):
         return
     cu = cu_seqlens.detach()
     steps = cu[1:] - cu[:-1]

@@ -174,7 +174,7 @@ def models():
 @pytest.mark.parametrize("kind", ["retnet", "transnormer"])
 def test_the_models_prefill_train_and_decode(kind):
     model = models()[kind]
-    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
 
     def loss(ids):
         return model(ids, labels=ids, use_cache=False).loss
@@ -209,6 +209,25 @@ def test_the_models_prefill_train_and_decode(kind):
     assert_close(token_logits, step_ref[:, -1], TOL, "decode_token against the cache's step")
     for s, s_ref in zip(states, states_ref):
         assert_close(s, s_ref, TOL, "states updated in place")
+
+
+@pytest.mark.parametrize("kind", ["retnet", "transnormer"])
+def test_the_models_serving_entry_points_update_their_pools(kind):
+    model = models()[kind].eval()
+    ids, cu, positions = torch.tensor([5, 9, 2, 7, 7]), torch.tensor([0, 3, 5]), torch.tensor([0, 1, 2, 0, 1])
+    slots = torch.tensor([3, 0])
+
+    def serve(ids, pools):
+        logits = model.prefill_packed(ids, cu, positions, pools, slots)
+        return logits, model.decode_slotted(logits.argmax(-1), torch.tensor([3, 2]), pools, slots)
+
+    pools, pools_ref = model.make_state_pools(4), model.make_state_pools(4)
+    (logits, step), (logits_ref, step_ref) = compiled(serve)(ids, pools), serve(ids, pools_ref)
+    assert_close(logits, logits_ref, TOL, "prefill_packed logits")
+    assert_close(step, step_ref, TOL, "decode_slotted logits")
+    for pool, pool_ref in zip(pools, pools_ref):
+        assert pool.abs().sum() > 0
+        assert_close(pool, pool_ref, TOL, "pool updated in place")
 
 
 def test_opcheck_every_operator():

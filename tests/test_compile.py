@@ -74,6 +74,9 @@ def test_a_float_gamma_and_the_method_functions_compile_whole():
     assert torch.equal(o, leettriton.vanilla(b, c, v, 0.8) + 1)
     o = compiled(lambda b, c, v: leettriton.linear_attention(b, c, v))(b, c, v)
     assert torch.equal(o, leettriton.linear_attention(b, c, v))
+    f = compiled(lambda b, c, v, g: leettriton.linear_attention(b, c, v, g))
+    for g in (0.9, 0.5):                                   # a float argument of the compiled function
+        assert torch.equal(f(b, c, v, g), leettriton.linear_attention(b, c, v, g))
 
 
 def test_a_compiled_call_reads_no_gamma_value_but_its_kernels_guard():

@@ -67,7 +67,7 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
         >>> o = leettriton.linear_attention(b, c, v, gamma=0.99)
         >>> o, s = leettriton.linear_attention(b, c, v, 0.99, return_state=True)
     """
-    if torch.compiler.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         return ops.linear_attention(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
                                     return_state=return_state, precision=precision)
     # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks, the plan and the
@@ -210,7 +210,7 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
         >>> pool = torch.zeros(256, heads, r, d, device="cuda")                         # a server's states
         >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)
     """
-    if torch.compiler.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         _check_compiled_step(b_t, c_t, v_t, state, gamma, slot_ids, check_slots, True)
         return ops.decode_step(b_t, c_t, v_t, state, gamma, slot_ids=slot_ids)
     if slot_ids is not None:
@@ -299,7 +299,7 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
         >>> pool[slots] = states[torch.arange(len(slots)), :, accepted]   # roll back (rows without padding)
     """
     check_bool("keep_states", keep_states)
-    if torch.compiler.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, False)
         return ops.decode_tokens(b, c, v, state, gamma, slot_ids=slot_ids, keep_states=keep_states)
     out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
@@ -422,7 +422,7 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         >>> o = leettriton.linear_attention_varlen(b, c, v, cu, 0.99, state_pool=pool, slot_ids=slots)
         >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)   # then decode
     """
-    if torch.compiler.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         # the checks of metadata alone, made while tracing (γ's: split_gamma's)
         make_varlen_problem(b, c, v, cu_seqlens, None, state_pool=state_pool, slot_ids=slot_ids,
                             has_initial_state=has_initial_state, return_state=return_state, precision=precision,

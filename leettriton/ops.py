@@ -9,8 +9,9 @@ operator of its own, registered as the forward's autograd formula (docs/design.m
 
 The public functions call these operators only while a trace is being made
 (:func:`torch.compiler.is_compiling`): eager calls keep their own path and host time.  Inside a compiled
-region no check reads a tensor's values: γ's range, the slot ids and the sequence offsets are left to the
-kernels' own guards (a γ out of range gives NaN rows, ids and offsets are clamped: docs/design.md §4.6).
+region no check reads a tensor's values where the kernels guard them (CUDA tensors, or the interpreter): γ's
+range, the slot ids and the sequence offsets are left to those guards (a γ out of range gives NaN rows, ids
+and offsets are clamped: docs/design.md §4.6).
 
 γ travels as a tensor (``gamma``) or a float (``gamma_value``), never both; methods, layouts and precisions
 as strings.  The eager entry points are bound by :mod:`leettriton.api` (:func:`bind`), which sits above this
@@ -30,10 +31,39 @@ from .autograd import add_state_term, initial_state_grad, log2_gamma, output_gra
 from .autotune.families import is_interpreting
 from .problem import device_guards_only, make_problem, to_bhnd
 
-__all__ = ["bind", "split_gamma", "linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens",
-           "OPS"]
+__all__ = ["bind", "is_compiling", "split_gamma", "linear_attention", "linear_attention_varlen", "decode_step",
+           "decode_tokens", "OPS"]
 
 _EAGER: dict[str, Callable] = {}
+
+
+def _never() -> bool:
+    return False
+
+
+class _Unregistered:
+    """Where torch has no ``torch.library.custom_op`` (before 2.4): the function as it is, never called (the
+    public functions dispatch to the operators only while compiling, which :func:`is_compiling` then denies)."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+
+    def register_fake(self, fn: Callable) -> Callable:
+        return fn
+
+    def register_autograd(self, *args, **kwargs) -> None:
+        pass
+
+
+_custom_op = getattr(torch.library, "custom_op", None)
+if _custom_op is not None:
+    is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+    """``torch.compiler.is_compiling`` itself (the compiler knows the function)."""
+else:
+    is_compiling = _never
+
+    def _custom_op(name, *, mutates_args):
+        return _Unregistered
 
 
 def bind(**entry_points: Callable) -> None:
@@ -100,7 +130,7 @@ def _no_state(like: Tensor) -> Tensor:
 
 # --------------------------------------------------------------------------- linear_attention
 
-@torch.library.custom_op("leettriton::linear_attention", mutates_args=())
+@_custom_op("leettriton::linear_attention", mutates_args=())
 def _linear_attention(b: Tensor, c: Tensor, v: Tensor, gamma: Optional[Tensor], gamma_value: Optional[float],
                       initial_state: Optional[Tensor], method: str, layout: str, return_state: bool,
                       precision: Optional[str]) -> tuple[Tensor, Tensor]:
@@ -120,7 +150,7 @@ def _linear_attention_fake(b, c, v, gamma, gamma_value, initial_state, method, l
     return out, p.state if return_state else _no_state(v)
 
 
-@torch.library.custom_op("leettriton::linear_attention_backward", mutates_args=())
+@_custom_op("leettriton::linear_attention_backward", mutates_args=())
 def _linear_attention_backward(grad_out: Optional[Tensor], grad_state: Optional[Tensor], b: Tensor, c: Tensor,
                                v: Tensor, initial_state: Optional[Tensor], gamma: Optional[Tensor],
                                gamma_value: Optional[float], method: str, layout: str, precision: Optional[str],
@@ -213,7 +243,7 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
 
 # --------------------------------------------------------------------------- decode
 
-@torch.library.custom_op("leettriton::decode_step", mutates_args=("state",))
+@_custom_op("leettriton::decode_step", mutates_args=("state",))
 def _decode_step(b_t: Tensor, c_t: Tensor, v_t: Tensor, state: Tensor, gamma: Optional[Tensor],
                  gamma_value: Optional[float], slot_ids: Optional[Tensor]) -> Tensor:
     with torch.no_grad(), _guarded(v_t):
@@ -232,7 +262,7 @@ def _skips(x: Tensor) -> bool:
     return x.device.type == "cuda" or is_interpreting()
 
 
-@torch.library.custom_op("leettriton::decode_tokens", mutates_args=("state",))
+@_custom_op("leettriton::decode_tokens", mutates_args=("state",))
 def _decode_tokens(b: Tensor, c: Tensor, v: Tensor, state: Tensor, gamma: Optional[Tensor],
                    gamma_value: Optional[float], slot_ids: Optional[Tensor],
                    keep_states: bool) -> tuple[Tensor, Tensor]:
@@ -267,7 +297,7 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 
 # --------------------------------------------------------------------------- varlen
 
-@torch.library.custom_op("leettriton::linear_attention_varlen", mutates_args=("state_pool",))
+@_custom_op("leettriton::linear_attention_varlen", mutates_args=("state_pool",))
 def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor, gamma: Optional[Tensor],
                              gamma_value: Optional[float], method: str, state_pool: Optional[Tensor],
                              slot_ids: Optional[Tensor], has_initial_state: Optional[Tensor], return_state: bool,

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .autograd import add_state_term, initial_state_grad, log2_gamma, output_grads
 from .autotune.families import is_interpreting
-from .problem import device_guards_only, make_problem, to_bhnd
+from .problem import check_constant_gamma, device_guards_only, make_problem, to_bhnd
 
 __all__ = ["bind", "is_compiling", "split_gamma", "linear_attention", "linear_attention_varlen", "decode_step",
            "decode_tokens", "OPS"]
@@ -230,12 +230,9 @@ _linear_attention.register_autograd(_backward, setup_context=_setup_context)
 def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str = "bhnd", initial_state=None,
                      return_state: bool = False, precision: Optional[str] = None):
     """:func:`leettriton.linear_attention` through its operator (the arguments and results are the same)."""
-    if isinstance(gamma, Tensor) and gamma.requires_grad and torch.is_grad_enabled():
-        raise NotImplementedError(
-            "gamma requires grad, but leettriton treats the decay γ as a constant: gradients with respect to "
-            "gamma (a learnable decay) are not implemented. Pass gamma.detach() (gradients still flow to b, c, v "
-            "and initial_state).")
-    g, g_value = split_gamma(gamma)
+    check_constant_gamma(gamma)
+    heads = (b.shape[1] if layout == "bhnd" else b.shape[2]) if isinstance(b, Tensor) and b.dim() == 4 else None
+    g, g_value = split_gamma(gamma, heads, v.device if isinstance(v, Tensor) else None)
     out, state = torch.ops.leettriton.linear_attention(b, c, v, g, g_value, initial_state, method, layout,
                                                        bool(return_state), precision)
     return (out, state) if return_state else out

@@ -194,7 +194,14 @@ def compiled_decoder(model, batch: int, length: int, backend: str, device):
     for t in (*decoder.states, decoder.token, decoder.position):
         torch._dynamo.mark_static_address(t)
     mode = "reduce-overhead" if backend == "inductor" and device.type == "cuda" else None
-    decoder._forward = torch.compile(decoder._forward, backend=backend, mode=mode, fullgraph=True)
+    step = torch.compile(decoder._forward, backend=backend, mode=mode, fullgraph=True)
+
+    def forward():
+        if mode == "reduce-overhead":   # the last step's outputs were read (its token copied in): replay over them
+            torch.compiler.cudagraph_mark_step_begin()
+        step()
+
+    decoder._forward = forward
     return decoder, mode
 
 

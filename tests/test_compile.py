@@ -87,8 +87,14 @@ def test_a_compiled_call_reads_no_gamma_value_but_its_kernels_guard():
     o = compiled(lambda b, c, v, g: leettriton.linear_attention(b, c, v, g))(b, c, v, bad)
     assert torch.isnan(o[:, 0]).all()                      # the kernels' guard: the bad head's rows are NaN
     assert torch.equal(o[:, 1], leettriton.linear_attention(b, c, v, torch.tensor([0.5, 0.9]))[:, 1])
-    with pytest.raises(Exception, match="gamma"):          # metadata is still checked while tracing
+    # metadata is still checked while tracing (fullgraph: dynamo's error names the ValueError)
+    with pytest.raises(Exception, match=r"gamma must have shape \(2,\) or \(2, 1\)"):
         compiled(lambda b, c, v: leettriton.linear_attention(b, c, v, torch.ones(3)))(b, c, v)
+    with pytest.raises(Exception, match=r"v must match b in batch, heads and n"):
+        compiled(lambda b, c, v: leettriton.linear_attention(b, c, v[:, :, :3]))(b, c, v)
+    with pytest.raises(Exception, match=r"state must have shape"):
+        compiled(lambda b, c, v, s: leettriton.decode_step(b, c, v, s))(b[:, :, 0], c[:, :, 0], v[:, :, 0],
+                                                                        torch.zeros(1, 2, 4, 5))
 
 
 def test_decode_steps_with_a_slotted_pool_update_it_in_place():

@@ -126,6 +126,10 @@ def test_decode_steps_with_a_slotted_pool_update_it_in_place():
     (o, kept), (o_ref, kept_ref) = compiled(tokens)(b, c, v, pool, slots), tokens(b, c, v, pool_ref, slots)
     assert torch.equal(o, o_ref) and torch.equal(kept, kept_ref) and torch.equal(pool, pool_ref)
 
+    # rectangular: one state per row
+    o = compiled(lambda b, c, v, s: leettriton.decode_tokens(b, c, v, s, 0.8)[0])(b, c, v, state)
+    assert torch.equal(o, leettriton.decode_tokens(b, c, v, state_ref, 0.8)[0]) and torch.equal(state, state_ref)
+
 
 def test_varlen_with_a_pool_updates_it_in_place():
     T, H, r, d = 7, 2, 4, 4

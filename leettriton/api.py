@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import problem, registry
+from . import ops, problem, registry
 from .autograd import attach_backward
 from .compat import decoder_arguments
 from .kernels.decode import decode_step_impl, decode_tokens_impl
@@ -67,6 +67,9 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
         >>> o = leettriton.linear_attention(b, c, v, gamma=0.99)
         >>> o, s = leettriton.linear_attention(b, c, v, 0.99, return_state=True)
     """
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+        return ops.linear_attention(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
+                                    return_state=return_state, precision=precision)
     # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks, the plan and the
     # launches read but the tensors' addresses and γ's values -- ran before skips to its plan's launches
     try:
@@ -207,6 +210,9 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
         >>> pool = torch.zeros(256, heads, r, d, device="cuda")                         # a server's states
         >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)
     """
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+        _check_compiled_step(b_t, c_t, v_t, state, gamma, slot_ids, check_slots, True)
+        return ops.decode_step(b_t, c_t, v_t, state, gamma, slot_ids=slot_ids)
     if slot_ids is not None:
         out, _ = _decode_tokens(b_t, c_t, v_t, state, gamma, slot_ids, False, check_slots, one_token=True)
         return out, state
@@ -293,6 +299,9 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
         >>> pool[slots] = states[torch.arange(len(slots)), :, accepted]   # roll back (rows without padding)
     """
     check_bool("keep_states", keep_states)
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+        _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, False)
+        return ops.decode_tokens(b, c, v, state, gamma, slot_ids=slot_ids, keep_states=keep_states)
     out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
     return (out, state, kept) if keep_states else (out, state)
 
@@ -413,6 +422,14 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         >>> o = leettriton.linear_attention_varlen(b, c, v, cu, 0.99, state_pool=pool, slot_ids=slots)
         >>> o_t, pool = leettriton.decode_step(b_t, c_t, v_t, pool, 0.99, slot_ids=slots)   # then decode
     """
+    if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
+        # the checks of metadata alone, made while tracing (γ's: split_gamma's)
+        make_varlen_problem(b, c, v, cu_seqlens, None, state_pool=state_pool, slot_ids=slot_ids,
+                            has_initial_state=has_initial_state, return_state=return_state, precision=precision,
+                            check_indices=False)
+        return ops.linear_attention_varlen(b, c, v, cu_seqlens, gamma, method=method, state_pool=state_pool,
+                                           slot_ids=slot_ids, has_initial_state=has_initial_state,
+                                           return_state=return_state, precision=precision)
     name = registry.canonical_method(method)
     p, out = make_varlen_problem(b, c, v, cu_seqlens, gamma, state_pool=state_pool, slot_ids=slot_ids,
                                  has_initial_state=has_initial_state, return_state=return_state,
@@ -452,6 +469,18 @@ def _varlen_by_sequence(p, twin) -> None:
             final.zero_()
         if p.state is not None and slot >= 0:
             p.state[slot:slot + 1].copy_(final)
+
+
+def _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, one_token: bool) -> None:
+    """A traced step's checks: those of its tensors' metadata, made while tracing; the slot ids' values are
+    left to the kernel's guard (docs/design.md §4.6)."""
+    if one_token and slot_ids is None:
+        _check_decode_step(b, c, v, state)
+    else:
+        _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
+    check_constant_gamma(gamma)
+    ops.split_gamma(gamma, b.shape[1], v.device)
+    check_autograd("decode_step" if one_token else "decode_tokens", b, c, v, state)
 
 
 def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token: bool) -> None:
@@ -510,3 +539,7 @@ def causal_linear_decoder(B, C, V, is_mask_weight: bool = False, gamma=None, att
     """
     gamma, method = decoder_arguments(is_mask_weight, gamma, attn_method)
     return linear_attention(B, C, V, gamma, method=method)
+
+
+ops.bind(linear_attention=linear_attention, linear_attention_varlen=linear_attention_varlen,
+         decode_step=decode_step, decode_tokens=decode_tokens)

@@ -7,6 +7,8 @@ given (docs/design.md §1, §2).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 import os
@@ -20,7 +22,7 @@ __all__ = [
     "Problem", "make_problem", "check_tensor", "check_gamma_values", "check_token_triple", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "new_like", "output_template", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
-    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed",
+    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed", "device_guards_only",
 ]
 
 MAX_DIM = 1024
@@ -322,7 +324,7 @@ class _CheckedTensors:
 
     def check(self, g: torch.Tensor) -> None:
         """γ's values: in (0, 1], no NaN."""
-        if self.seen(g):
+        if self.seen(g) or _GUARDS_ONLY.get():
             return
         flat = g.detach().reshape(-1)
         if flat.device.type == "cpu":  # checked on every call: a few values, read in Python
@@ -338,6 +340,18 @@ class _CheckedTensors:
 
 
 _CHECKED = _CheckedTensors(remember_cpu=True)
+_GUARDS_ONLY = contextvars.ContextVar("leettriton_guards_only", default=False)
+
+
+@contextlib.contextmanager
+def device_guards_only():
+    """Within it, γ's values are not checked: the kernels' own guard stands in for the check, as in a
+    compiled region (docs/design.md §4.6; the index checks have their own switches)."""
+    token = _GUARDS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _GUARDS_ONLY.reset(token)
 
 
 def _interpreting() -> bool:

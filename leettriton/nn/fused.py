@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..autotune.families import is_interpreting
+from ..ops import is_compiling
 
 __all__ = ["rms_norm_gate", "rms_norm_gate_torch", "rotary", "rotary_torch", "lrpe", "lrpe_torch", "swiglu",
            "swiglu_torch", "GATE_ACTS", "uses_kernels"]
@@ -34,7 +35,12 @@ GATE_ACTS = (None, "swish", "identity")
 
 
 def uses_kernels(*tensors: Optional[torch.Tensor]) -> bool:
-    """True when the fused ops run their Triton kernel on these tensors (CUDA, or CPU under the interpreter)."""
+    """True when the fused ops run their Triton kernel on these tensors (CUDA, or CPU under the interpreter).
+
+    Never while ``torch.compile`` traces: there the PyTorch twins' arithmetic joins the graph, for the compiler to
+    fuse with the work around it (docs/design.md §4.6)."""
+    if is_compiling():
+        return False
     present = [t for t in tensors if t is not None]
     if not present or any(t.dtype not in _KERNEL_DTYPES for t in present):
         return False

@@ -10,6 +10,7 @@ from torch import nn
 from .. import registry
 from ..api import VARLEN_NATIVE
 from ..nn import LinearAttentionCache
+from ..ops import is_compiling
 from ..nn.functional import (check_attention_mask, check_hidden, check_method, check_positions, checked_mask,
                              contiguous_index)
 from ..nn.fused import rms_norm_gate, swiglu
@@ -286,7 +287,7 @@ class LinearAttentionGenerationMixin(GenerationMixin):
                                  f"expanded or self-overlapping view would let one slot's update change others), "
                                  f"got strides {tuple(pool.stride())} for shape {tuple(pool.shape)}: pass a "
                                  f"contiguous pool (model.make_state_pools)")
-            span = _memory_span(pool)
+            span = None if is_compiling() else _memory_span(pool)   # addresses are not traced (§4.6)
             if span is not None:
                 spans.append(span + (i,))
         spans.sort()   # by storage, then first byte: an overlap is between neighbours
@@ -300,8 +301,8 @@ class LinearAttentionGenerationMixin(GenerationMixin):
         """Token ids in [0, vocab): an id outside would index the embedding out of bounds (on CUDA a device-side
         assert that ends the process's CUDA context).  One device sync on CUDA, skipped with ``check`` False (the
         caller's ``check_indices`` / ``check_slots``, as the index checks of docs/design.md §13.3) and while a CUDA
-        graph is being captured."""
-        if check is not True or input_ids.numel() == 0 or (
+        graph is being captured or ``torch.compile`` traces (no check reads tensor values there: §4.6)."""
+        if check is not True or input_ids.numel() == 0 or is_compiling() or (
                 input_ids.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             return
         vocab = self.get_input_embeddings().num_embeddings

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .. import api, registry
 from ..problem import requires_grad
 from .cache import LinearAttentionCache
+from ..ops import is_compiling
 from .fused import rotary, uses_kernels
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
@@ -100,7 +101,10 @@ _CHECKED_MASK: contextvars.ContextVar = contextvars.ContextVar("leettriton_check
 def checked_mask(attention_mask: Optional[torch.Tensor]):
     """Within the block, :func:`check_attention_mask` does not read ``attention_mask``'s values again: a model
     checks its mask once and then runs its layers, each of which would otherwise read it (one device sync each
-    on CUDA)."""
+    on CUDA).  While ``torch.compile`` traces, no value is read (docs/design.md §4.6), so the block does nothing."""
+    if is_compiling():
+        yield
+        return
     token = _CHECKED_MASK.set(attention_mask)
     try:
         yield
@@ -115,7 +119,8 @@ def check_attention_mask(attention_mask, batch: int, n: int, device: torch.devic
     while a CUDA graph is being captured, nor inside :func:`checked_mask` of this mask): a 0 after a 1 (right
     padding, or a hole) or a value other than 0 and 1 is refused, since a recurrent state cannot skip a token
     and the next token would follow the padding (docs/design.md §12.1).  The models check their mask once per
-    call and leave one-token steps through a cache unchecked (a sync per generated token).
+    call and leave one-token steps through a cache unchecked (a sync per generated token).  While
+    ``torch.compile`` traces, the values are not read (no check reads tensor values there: docs/design.md §4.6).
     """
     if attention_mask is None:
         return
@@ -127,7 +132,7 @@ def check_attention_mask(attention_mask, batch: int, n: int, device: torch.devic
                          f"this call's tokens), got shape {tuple(attention_mask.shape)}")
     if attention_mask.device != device:
         raise ValueError(f"attention_mask must be on the inputs' device {device}, got {attention_mask.device}")
-    if not values or attention_mask.numel() == 0 or _CHECKED_MASK.get() is attention_mask or (
+    if not values or attention_mask.numel() == 0 or is_compiling() or _CHECKED_MASK.get() is attention_mask or (
             attention_mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return
     mask = attention_mask.detach()

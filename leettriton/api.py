@@ -264,9 +264,23 @@ def _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents: tuple, names:
     """The state (or pool), updated in place, shares no memory with what the step reads: b, c, v (called
     ``names``), γ and the slot ids (docs/design.md §13.3; :func:`problem.check_unshared`).  Two pointers
     per tensor on every call, the extents being the signature's."""
-    nb, nc, nv = names
-    check_unshared("state", state, ((nb, b, extents[1]), (nc, c, extents[2]), (nv, v, extents[3]),
-                                    ("gamma", gamma_h, extents[4]), ("slot_ids", slot_ids, extents[5])), extents[0])
+    size, eb, ec, ev, eg, es = extents
+    if not (size and eb and ec and ev):   # an empty step reads and writes nothing
+        return
+    lo = state.data_ptr()
+    hi = lo + size
+    # written out, not looped: this runs on every repeated step
+    p_b, p_c, p_v = b.data_ptr(), c.data_ptr(), v.data_ptr()
+    if ((p_b < hi and lo < p_b + eb) or (p_c < hi and lo < p_c + ec) or (p_v < hi and lo < p_v + ev)
+            or (eg and gamma_h is not None and _within(gamma_h.data_ptr(), eg, lo, hi))
+            or (es and slot_ids is not None and _within(slot_ids.data_ptr(), es, lo, hi))):
+        nb, nc, nv = names   # the message names it
+        check_unshared("state", state, ((nb, b), (nc, c), (nv, v), ("gamma", gamma_h), ("slot_ids", slot_ids)))
+
+
+def _within(start: int, span: int, lo: int, hi: int) -> bool:
+    """Whether bytes [start, start + span) meet [lo, hi)."""
+    return start < hi and lo < start + span
 
 
 _DECODE_STEPS: dict = {}

@@ -281,15 +281,15 @@ class _CheckedTensors:
     Only the *check* is remembered: the kernels always read the values from the tensor
     itself, so a write that bypasses the version counter (``.data``, a NumPy
     view) can never leave a call running with old values.  For γ, a value outside (0, 1]
-    written that way makes the kernels' λ NaN, and the PyTorch paths' λ too (:func:`log2_gamma64`),
-    so the output is NaN rather than silently wrong (docs/design.md §2.6); for slot ids and sequence
-    offsets the kernels clamp what they read (docs/design.md §13.3).  ``remember_unversioned``: whether
-    a tensor without a version counter (an inference tensor) is remembered too (γ: yes, it is rarely
-    rewritten; indices: no, a server rewrites them every step).  ``remember_cpu``: whether a CPU tensor
-    is remembered under the interpreter (indices: yes, the kernels clamp what they read).  γ's CPU
-    tensors are not: their few values are read in Python on every call, whichever path runs (a
-    ``<method>_torch`` method under the interpreter included), so a CPU γ rewritten behind the version
-    counter is refused with a ValueError rather than turned into NaN.
+    written that way makes the kernels' λ NaN, and the PyTorch methods' λ too (:func:`log2_gamma64`,
+    which every PyTorch path that decays computes λ with), so the output is NaN rather than silently
+    wrong (docs/design.md §2.6); for slot ids and sequence offsets the kernels clamp what they read
+    (docs/design.md §13.3).  ``remember_unversioned``: whether a tensor without a version
+    counter (an inference tensor) is remembered too (γ: yes, it is rarely rewritten; indices: no,
+    a server rewrites them every step).  ``remember_cpu``: whether a CPU tensor is remembered under
+    the interpreter, whose kernels and PyTorch methods guard as the GPU's do (γ: yes); outside it a CPU
+    tensor feeds PyTorch code without that guard everywhere (the decode steps' PyTorch form multiplies
+    by γ itself), and is checked on every call.
     """
 
     def __init__(self, remember_unversioned: bool = True, remember_cpu: bool = False) -> None:
@@ -341,7 +341,7 @@ class _CheckedTensors:
         self.remember(g)
 
 
-_CHECKED = _CheckedTensors()
+_CHECKED = _CheckedTensors(remember_cpu=True)
 
 
 def _interpreting() -> bool:
@@ -352,8 +352,8 @@ _FLOAT_GAMMAS: dict[tuple, torch.Tensor] = {}
 
 def check_gamma_values(gamma: torch.Tensor) -> None:
     """γ's values in (0, 1] (no NaN), for a tensor whose shape, dtype and device passed
-    :func:`resolve_gamma`: one device sync on CUDA, once per tensor version; a CPU tensor's values are
-    read on every call (docs/design.md §2.6)."""
+    :func:`resolve_gamma`: one device sync on CUDA, once per tensor version; a CPU tensor's few values are
+    read on every call outside the interpreter (docs/design.md §2.6)."""
     checked = _CHECKED
     if not checked.seen(gamma):  # (a repeated call's case, without check's own frame)
         checked.check(gamma)

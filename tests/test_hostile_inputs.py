@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 import leettriton
 import leettriton.api as api
 import leettriton.distributed
+from leettriton.plan import clear_plans
 from leettriton.problem import make_problem
 from leettriton.registry import torch_method
 from conftest import DEVICE
@@ -255,39 +256,81 @@ def test_a_permuted_pool_and_expanded_inputs_are_accepted(decode_path):
 TORCH_METHODS = [m for m in leettriton.METHODS if m.endswith("_torch")]
 
 
-@pytest.mark.parametrize("method", TORCH_METHODS + ["vanilla", "lightning_attention"])
-def test_gamma_rewritten_through_numpy_is_refused(method):
+def _outside_interpreter(monkeypatch):
+    """CPU tensors run the PyTorch code from here on (the plans and repeated calls start afresh)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    clear_plans()
+    monkeypatch.setattr(api, "_DECODE_STEPS", {})
+    monkeypatch.setattr(api, "_TOKEN_STEPS", {})
+
+
+def _nan_in_head_1_only(out, first):
+    """Head 1's γ is out of range: all of its outputs NaN; head 0 as the call before the rewrite gave it."""
+    assert torch.isnan(out[:, 1]).all(), "the head with γ = 1.5 gave non-NaN outputs"
+    assert torch.equal(out[:, 0], first[:, 0])
+
+
+# outside the interpreter a CPU call of a kernel method runs its _torch twin: the twins stand for both
+GAMMA_PATHS = ([(m, True) for m in TORCH_METHODS + ["vanilla", "lightning_attention"]] +
+               [(m, False) for m in TORCH_METHODS])
+
+
+@pytest.mark.parametrize("method, interpreted", GAMMA_PATHS,
+                         ids=[f"{m}-{'interpreter' if i else 'pytorch'}" for m, i in GAMMA_PATHS])
+def test_gamma_rewritten_through_numpy_gives_nan_or_an_error(method, interpreted, monkeypatch):
+    """Under the interpreter the check is remembered, and the kernels and the PyTorch methods alike turn the
+    rewritten γ into NaN outputs; outside it (CPU tensors, PyTorch code) the values are read on every call."""
     if DEVICE != "cpu":
         pytest.skip("a NumPy view needs a CPU tensor")
+    if not interpreted:
+        _outside_interpreter(monkeypatch)
     b, c, v = _randn(1, H, 8, R, seed=40), _randn(1, H, 8, R, seed=41), _randn(1, H, 8, D, seed=42)
+    s0 = _randn(1, H, R, D, seed=49)   # every row then depends on γ
     gamma = torch.tensor([0.9, 0.8])
-    leettriton.linear_attention(b, c, v, gamma, method=method)
-    leettriton.linear_attention(b, c, v, gamma, method=method)   # the signature's repeated call
-    gamma.numpy()[0] = 1.5
-    with pytest.raises(ValueError, match="gamma must hold values in"):
-        leettriton.linear_attention(b, c, v, gamma, method=method)
+    first = leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0)
+    leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0)   # the signature's repeated call
+    gamma.numpy()[1] = 1.5
+    if not interpreted:
+        with pytest.raises(ValueError, match="gamma must hold values in"):
+            leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0)
+        return
+    _nan_in_head_1_only(leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0), first)
 
 
-@pytest.mark.parametrize("entry", ["decode_step", "decode_tokens", "varlen-kernel", "varlen-torch"])
-def test_gamma_rewritten_through_numpy_is_refused_by_the_serving_calls(entry, decode_path):
+def _gamma_rewrite_case(call, torch_path: bool, split_heads=lambda out: out) -> None:
+    """Call twice with γ = (0.9, 0.8), rewrite γ[1] = 1.5 through NumPy, call again: a ValueError on the
+    PyTorch path of CPU tensors (read on every call), NaN outputs of head 1 only under the interpreter.
+    ``split_heads`` puts the heads second."""
+    gamma = torch.tensor([0.9, 0.8])
+    first = call(gamma)
+    call(gamma)
+    gamma.numpy()[1] = 1.5
+    if torch_path:
+        with pytest.raises(ValueError, match="gamma must hold values in"):
+            call(gamma)
+        return
+    _nan_in_head_1_only(split_heads(call(gamma)), split_heads(first))
+
+
+@pytest.mark.parametrize("entry", ["decode_step", "decode_tokens"])
+def test_gamma_rewritten_through_numpy_in_the_decode_steps(entry, decode_path):
     if DEVICE != "cpu":
         pytest.skip("a NumPy view needs a CPU tensor")
-    gamma = torch.tensor([0.9, 0.8])
-    if entry.startswith("varlen"):
-        if decode_path == "torch":
-            pytest.skip("the varlen entry picks its path by method")
-        b, c, v, cu = _varlen_inputs()
-        method = "lightning_attention" if entry == "varlen-kernel" else "lightning_attention_torch"
-        call = lambda: leettriton.linear_attention_varlen(b, c, v, cu, gamma, method=method)  # noqa: E731
-    else:
-        b, c, v = _decode_inputs(None if entry == "decode_step" else 2)
-        state = _randn(3, H, R, D, seed=43)
-        call = lambda: getattr(leettriton, entry)(b, c, v, state, gamma)  # noqa: E731
-    call()
-    call()
-    gamma.numpy()[1] = 1.5
-    with pytest.raises(ValueError, match="gamma must hold values in"):
-        call()
+    b, c, v = _decode_inputs(None if entry == "decode_step" else 2)
+    state = _randn(3, H, R, D, seed=43)
+    _gamma_rewrite_case(lambda gamma: getattr(leettriton, entry)(b, c, v, state.clone(), gamma)[0],
+                        decode_path == "torch")
+
+
+@pytest.mark.parametrize("method", VARLEN_METHODS)
+def test_gamma_rewritten_through_numpy_in_the_packed_prefill(method):
+    if DEVICE != "cpu":
+        pytest.skip("a NumPy view needs a CPU tensor")
+    b, c, v, cu = _varlen_inputs()
+    pool = _randn(SLOTS, H, R, D, seed=44)
+    _gamma_rewrite_case(lambda gamma: leettriton.linear_attention_varlen(
+        b, c, v, cu, gamma, method=method, state_pool=pool.clone(), slot_ids=torch.tensor([0, 1, 2]),
+        has_initial_state=torch.ones(3, dtype=torch.bool)), False, lambda out: out.transpose(0, 1).unsqueeze(0))
 
 
 @pytest.mark.parametrize("method", TORCH_METHODS)

@@ -183,10 +183,15 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
         state: float32 ``(batch, heads, r, d)``, e.g. from
             ``linear_attention(..., return_state=True)``; overwritten with the new state.
             With ``slot_ids``: a pool ``(slots, heads, r, d)`` of states (docs/design.md §13.1).
+            Written in place, so its elements must not overlap (an expanded state is refused) and it
+            must share no memory with b_t, c_t, v_t, gamma or slot_ids: a ValueError naming the argument,
+            before anything is written (docs/design.md §13.3).  b_t, c_t, v_t may overlap (expanded views).
         gamma: as in :func:`linear_attention`.
         slot_ids: ``None``, or an int32/int64 tensor ``(batch,)`` on the inputs' device: row i reads
             and updates ``state[slot_ids[i]]`` in place; a negative id is padding (its output row is
             zero and no state is touched).  The slot is read by the kernel itself: no gather, no copy.
+            Any strides: a strided one (``ids[::2]``) is copied to a contiguous tensor on every call, and
+            the checks read that copy, which is what the kernel reads (docs/design.md §13.3).
         check_slots: check the slot ids' values (below ``slots``, no slot twice), which costs one device
             sync on CUDA, once per version of the ``slot_ids`` tensor (never during CUDA graph capture).
             ``False`` skips it: a repeated slot is then a race, and an id past the pool gives a NaN output
@@ -285,9 +290,10 @@ def _within(start: int, span: int, lo: int, hi: int) -> bool:
 
 _DECODE_STEPS: dict = {}
 """decode_step's validated signatures: signature → (the launch to repeat or None, γ's tensor or _GAMMA_AS_IS, the
-output's template for :func:`problem.new_like`, the tensors' extents for :func:`_check_state_apart`).  The signature holds each tensor's type, shape, strides, dtype and device and γ's kind
-(None or a number by type and value; a tensor by type, shape, strides, dtype and device), so a call that
-matches it passes every check a first call made, except γ's values, checked per tensor version."""
+output's template for :func:`problem.new_like`, the tensors' extents for :func:`_check_state_apart`).  The signature
+holds each tensor's type, shape, strides, dtype and device and γ's kind (None or a number by type and value; a
+tensor by type, shape, strides, dtype and device), so a call that matches it passes every check a first call made,
+except γ's values, checked per tensor version, and the state's memory apart from the inputs', checked per call."""
 _GAMMA_AS_IS = object()
 
 
@@ -309,7 +315,9 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 
     Args:
         b, c: ``(batch, heads, k, r)``; v: ``(batch, heads, k, d)``; k ≥ 1; one dtype and device.
-        state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``.
+        state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``; written
+            in place, so refused as in :func:`decode_step` when its elements overlap or it shares memory
+            with what the call reads.
         gamma: as in :func:`linear_attention`.
         slot_ids, check_slots: as in :func:`decode_step`.
         keep_states: also return ``states``, float32 ``(batch, heads, k + 1, r, d)``: ``states[:, :, j]``
@@ -380,7 +388,8 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     check_autograd("decode_step" if one_token else "decode_tokens", b, c, v, state)
     gamma_h = resolve_gamma(gamma, H, v.device)
     extents = _extents(state, b, c, v, gamma_h, slot_ids)
-    _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents, ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v"))
+    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+    _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents, names)
     out = problem.new_empty((B, H, d) if one_token else (B, H, K, d), v.dtype, v.device)
     kept_shape = (B, H, K + 1, r, d) if keep_states else None
     kept = problem.new_empty(kept_shape, torch.float32, v.device) if keep_states else None
@@ -431,10 +440,15 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
             ``lightning_attention_torch`` that way.  Other methods raise ``NotImplementedError``.
         state_pool: float32 ``(slots, heads, r, d)``, or None.  With a pool, sequence i starts from
             ``state_pool[slot_ids[i]]`` when ``has_initial_state[i]`` (else from zero), and its final state
-            is written to that slot **in place**.  Slots no sequence names are not touched.
+            is written to that slot **in place**.  Slots no sequence names are not touched.  A pool whose
+            elements overlap (an expanded one), or that shares memory with b, c, v, gamma or an index
+            tensor, is refused with a ValueError before any work (docs/design.md §13.3).
         slot_ids: int32/int64 ``(N,)``: each sequence's slot (needed with a pool); a negative id: the
             sequence starts from zero and its final state is not kept.
         has_initial_state: bool ``(N,)`` (or integer, nonzero = true), or None: every sequence starts from zero.
+            cu_seqlens, slot_ids and has_initial_state may have any strides: a strided one is copied to a
+            contiguous tensor on every call, and the value checks read that copy, which is what the kernel
+            reads (docs/design.md §13.3).
         return_state: without a pool, also return the final states, float32 ``(N, heads, r, d)``; with a
             pool, also return the pool itself.
         precision: as in :func:`linear_attention`.

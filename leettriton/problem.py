@@ -281,9 +281,9 @@ class _CheckedTensors:
     Only the *check* is remembered: the kernels always read the values from the tensor
     itself, so a write that bypasses the version counter (``.data``, a NumPy
     view) can never leave a call running with old values.  For γ, a value outside (0, 1]
-    written that way makes the kernels' λ NaN, and the PyTorch methods' λ too (:func:`log2_gamma64`,
-    which every PyTorch path that decays computes λ with), so the output is NaN rather than silently
-    wrong (docs/design.md §2.6); for slot ids and sequence offsets the kernels clamp what they read
+    written that way makes the kernels' λ NaN, and the λ of the ``_torch`` methods, of the packed and
+    sequence-parallel PyTorch paths and of the backward's own terms too (:func:`log2_gamma64`), so the
+    output is NaN rather than silently wrong (docs/design.md §2.6); for slot ids and sequence offsets the kernels clamp what they read
     (docs/design.md §13.3).  ``remember_unversioned``: whether a tensor without a version
     counter (an inference tensor) is remembered too (γ: yes, it is rarely rewritten; indices: no,
     a server rewrites them every step).  ``remember_cpu``: whether a CPU tensor is remembered under

@@ -19,9 +19,10 @@ from .autotune import is_interpreting
 from .methods import builtin_methods
 from .methods.lightning_attention.kernels import launch_varlen_walk
 from .plan import known_call, remember_call, resolve, run_problem
-from .problem import (Problem, check_autograd, check_bool, check_constant_gamma, check_dims, check_gamma_values,
-                      check_index, check_pool, check_slot_values, check_state, check_tensor, check_token_triple,
-                      make_problem, make_varlen_problem, requires_grad, resolve_gamma)
+from .problem import (Problem, byte_extent, check_autograd, check_bool, check_constant_gamma, check_dims,
+                      check_gamma_values, check_index, check_own_memory, check_pool, check_slot_values, check_state,
+                      check_tensor, check_token_triple, check_unshared, index_as_read, make_problem,
+                      make_varlen_problem, requires_grad, resolve_gamma)
 
 __all__ = ["linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
 
@@ -185,10 +186,15 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
         state: float32 ``(batch, heads, r, d)``, e.g. from
             ``linear_attention(..., return_state=True)``; overwritten with the new state.
             With ``slot_ids``: a pool ``(slots, heads, r, d)`` of states (docs/design.md §13.1).
+            Written in place, so its elements must not overlap (an expanded state is refused) and it
+            must share no memory with b_t, c_t, v_t, gamma or slot_ids: a ValueError naming the argument,
+            before anything is written (docs/design.md §13.3).  b_t, c_t, v_t may overlap (expanded views).
         gamma: as in :func:`linear_attention`.
         slot_ids: ``None``, or an int32/int64 tensor ``(batch,)`` on the inputs' device: row i reads
             and updates ``state[slot_ids[i]]`` in place; a negative id is padding (its output row is
             zero and no state is touched).  The slot is read by the kernel itself: no gather, no copy.
+            Any strides: a strided one (``ids[::2]``) is copied to a contiguous tensor on every call, and
+            the checks read that copy, which is what the kernel reads (docs/design.md §13.3).
         check_slots: check the slot ids' values (below ``slots``, no slot twice), which costs one device
             sync on CUDA, once per version of the ``slot_ids`` tensor (never during CUDA graph capture).
             ``False`` skips it: a repeated slot is then a race, and an id past the pool gives a NaN output
@@ -228,10 +234,11 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable gamma: the checks say what
         key = step = None
     if step is not None and not (torch.is_grad_enabled() and requires_grad(b_t, c_t, v_t, state, gamma)):
-        launch, gamma_h, template = step
+        launch, gamma_h, template, extents = step
         if gamma_h is _GAMMA_AS_IS:
             check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
             gamma_h = gamma
+        _check_state_apart(state, b_t, c_t, v_t, gamma_h, None, extents, ("b_t", "c_t", "v_t"))
         out = problem.new_like(template)
         if launch is not None and launch((b_t, c_t, v_t, out, out if gamma_h is None else gamma_h, state, state)):
             return out, state
@@ -242,6 +249,8 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     check_constant_gamma(gamma)
     check_autograd("decode_step", b_t, c_t, v_t, state)
     gamma_h = resolve_gamma(gamma, H, v_t.device)
+    extents = _extents(state, b_t, c_t, v_t, gamma_h, None)
+    _check_state_apart(state, b_t, c_t, v_t, gamma_h, None, extents, ("b_t", "c_t", "v_t"))
     out = problem.new_empty((B, H, d), v_t.dtype, v_t.device)
     launch = decode_step_impl(b_t, c_t, v_t, state, gamma_h, out) if B and H else None
     if key is not None and (gamma_h is None or gamma_h is gamma or not isinstance(gamma, torch.Tensor)):
@@ -252,15 +261,45 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
         # empty step, pointers not 16-byte aligned): the signature's checks are still done
         as_is = gamma_h is not None and gamma_h is gamma
         _DECODE_STEPS[key] = (launch, _GAMMA_AS_IS if as_is else gamma_h,
-                              problem.output_template((B, H, d), v_t.dtype, v_t.device))
+                              problem.output_template((B, H, d), v_t.dtype, v_t.device), extents)
     return out, state
+
+
+def _extents(state, b, c, v, gamma_h, slot_ids) -> tuple:
+    """The bytes each of state, b, c, v, γ (a tensor, or None) and the slot ids (or None) span: what
+    :func:`_check_state_apart` compares, fixed by a repeated call's signature (kept with it)."""
+    return tuple(0 if x is None else byte_extent(x) for x in (state, b, c, v, gamma_h, slot_ids))
+
+
+def _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents: tuple, names: tuple) -> None:
+    """The state (or pool), updated in place, shares no memory with what the step reads: b, c, v (called
+    ``names``), γ and the slot ids (docs/design.md §13.3; :func:`problem.check_unshared`).  Two pointers
+    per tensor on every call, the extents being the signature's."""
+    size, eb, ec, ev, eg, es = extents
+    if not (size and eb and ec and ev):   # an empty step reads and writes nothing
+        return
+    lo = state.data_ptr()
+    hi = lo + size
+    # written out, not looped: this runs on every repeated step
+    p_b, p_c, p_v = b.data_ptr(), c.data_ptr(), v.data_ptr()
+    if ((p_b < hi and lo < p_b + eb) or (p_c < hi and lo < p_c + ec) or (p_v < hi and lo < p_v + ev)
+            or (eg and gamma_h is not None and _within(gamma_h.data_ptr(), eg, lo, hi))
+            or (es and slot_ids is not None and _within(slot_ids.data_ptr(), es, lo, hi))):
+        nb, nc, nv = names   # the message names it
+        check_unshared("state", state, ((nb, b), (nc, c), (nv, v), ("gamma", gamma_h), ("slot_ids", slot_ids)))
+
+
+def _within(start: int, span: int, lo: int, hi: int) -> bool:
+    """Whether bytes [start, start + span) meet [lo, hi)."""
+    return start < hi and lo < start + span
 
 
 _DECODE_STEPS: dict = {}
 """decode_step's validated signatures: signature → (the launch to repeat or None, γ's tensor or _GAMMA_AS_IS, the
-output's template for :func:`problem.new_like`).  The signature holds each tensor's type, shape, strides, dtype and device and γ's kind
-(None or a number by type and value; a tensor by type, shape, strides, dtype and device), so a call that
-matches it passes every check a first call made, except γ's values, checked per tensor version."""
+output's template for :func:`problem.new_like`, the tensors' extents for :func:`_check_state_apart`).  The signature
+holds each tensor's type, shape, strides, dtype and device and γ's kind (None or a number by type and value; a
+tensor by type, shape, strides, dtype and device), so a call that matches it passes every check a first call made,
+except γ's values, checked per tensor version, and the state's memory apart from the inputs', checked per call."""
 _GAMMA_AS_IS = object()
 
 
@@ -270,6 +309,7 @@ def _check_decode_step(b_t, c_t, v_t, state) -> None:
                                                        "(batch, heads, dim)", "batch and heads")
     check_dims(r, d, "decode_step")
     check_state("state", state, (B, H, r, d), v_t.device)
+    check_own_memory("state", state)
 
 
 def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False,
@@ -281,7 +321,9 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 
     Args:
         b, c: ``(batch, heads, k, r)``; v: ``(batch, heads, k, d)``; k ≥ 1; one dtype and device.
-        state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``.
+        state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``; written
+            in place, so refused as in :func:`decode_step` when its elements overlap or it shares memory
+            with what the call reads.
         gamma: as in :func:`linear_attention`.
         slot_ids, check_slots: as in :func:`decode_step`.
         keep_states: also return ``states``, float32 ``(batch, heads, k + 1, r, d)``: ``states[:, :, j]``
@@ -312,7 +354,10 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
 
     As for :func:`decode_step`, a call whose signature (here also the slot ids' type, shape, strides, dtype
     and device, ``check_slots`` and ``keep_states``) was checked and launched before repeats its launch
-    (docs/design.md §4.5); the slot ids' values are checked once per tensor version (docs/design.md §13.3)."""
+    (docs/design.md §4.5); the slot ids' values are checked once per tensor version (docs/design.md §13.3).
+    The slot ids are taken contiguous first, as the kernel reads them (:func:`problem.index_as_read`), so the
+    signature, the checks and the launch all see the tensor the kernel reads."""
+    slot_ids = index_as_read(slot_ids)
     try:
         g, s = gamma, slot_ids
         signature = (one_token, type(check_slots), check_slots, keep_states, type(b), type(c), type(v), type(state),
@@ -324,12 +369,14 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable gamma: the checks say what
         signature = step = None
     if step is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, state, gamma)):
-        launch, gamma_h, out_like, kept_like, slots = step
+        launch, gamma_h, out_like, kept_like, slots, extents = step
         if slot_ids is not None:
             check_slot_values("slot_ids", slot_ids, slots, check_slots)
         if gamma_h is _GAMMA_AS_IS:
             check_gamma_values(gamma)
             gamma_h = gamma
+        _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents,
+                           ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v"))
         out = problem.new_like(out_like)  # one token: (B, H, d), as decode_step returns it
         if one_token:  # the one-token step's kernel, slotted (decode_step_impl)
             if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state, slot_ids)):
@@ -349,6 +396,9 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     check_constant_gamma(gamma)
     check_autograd("decode_step" if one_token else "decode_tokens", b, c, v, state)
     gamma_h = resolve_gamma(gamma, H, v.device)
+    extents = _extents(state, b, c, v, gamma_h, slot_ids)
+    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+    _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents, names)
     out = problem.new_empty((B, H, d) if one_token else (B, H, K, d), v.dtype, v.device)
     kept_shape = (B, H, K + 1, r, d) if keep_states else None
     kept = problem.new_empty(kept_shape, torch.float32, v.device) if keep_states else None
@@ -364,14 +414,15 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
         as_is = gamma_h is not None and gamma_h is gamma
         out_like = problem.output_template((B, H, d) if one_token else (B, H, K, d), v.dtype, v.device)
         kept_like = None if kept_shape is None else problem.output_template(kept_shape, torch.float32, v.device)
-        _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, out_like, kept_like, state.shape[0])
+        _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, out_like, kept_like, state.shape[0],
+                                   extents)
     return out, kept
 
 
 _TOKEN_STEPS: dict = {}
 """The slotted / k-token step's validated signatures: signature → (the launch to repeat, γ's tensor or
 _GAMMA_AS_IS, the output's template (one token: without the token axis), the kept states' template or None,
-the number of state rows), as :data:`_DECODE_STEPS`."""
+the number of state rows, the tensors' extents), as :data:`_DECODE_STEPS`."""
 
 
 VARLEN_NATIVE = ("lightning_attention", "block_based")
@@ -398,10 +449,15 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
             ``lightning_attention_torch`` that way.  Other methods raise ``NotImplementedError``.
         state_pool: float32 ``(slots, heads, r, d)``, or None.  With a pool, sequence i starts from
             ``state_pool[slot_ids[i]]`` when ``has_initial_state[i]`` (else from zero), and its final state
-            is written to that slot **in place**.  Slots no sequence names are not touched.
+            is written to that slot **in place**.  Slots no sequence names are not touched.  A pool whose
+            elements overlap (an expanded one), or that shares memory with b, c, v, gamma or an index
+            tensor, is refused with a ValueError before any work (docs/design.md §13.3).
         slot_ids: int32/int64 ``(N,)``: each sequence's slot (needed with a pool); a negative id: the
             sequence starts from zero and its final state is not kept.
         has_initial_state: bool ``(N,)`` (or integer, nonzero = true), or None: every sequence starts from zero.
+            cu_seqlens, slot_ids and has_initial_state may have any strides: a strided one is copied to a
+            contiguous tensor on every call, and the value checks read that copy, which is what the kernel
+            reads (docs/design.md §13.3).
         return_state: without a pool, also return the final states, float32 ``(N, heads, r, d)``; with a
             pool, also return the pool itself.
         precision: as in :func:`linear_attention`.
@@ -517,6 +573,7 @@ def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token:
     else:
         check_pool("state", state, H, r, d, v.device)
         check_index("slot_ids", slot_ids, B, v.device, "the state pool's slot of each batch row, < 0: padding")
+    check_own_memory("state", state)
 
 
 def causal_linear_decoder(B, C, V, is_mask_weight: bool = False, gamma=None, attn_method: Optional[str] = None):

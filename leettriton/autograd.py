@@ -32,7 +32,7 @@ import torch
 from . import registry
 from .kernels.reverse import reverse_rows
 from .plan import run_problem, run_reversed
-from .problem import make_problem, requires_grad, resolve_gamma, to_bhnd
+from .problem import log2_gamma64, make_problem, requires_grad, resolve_gamma, to_bhnd
 
 __all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "reversed_call", "forward_call", "add_state_term",
            "initial_state_grad", "log2_gamma"]
@@ -204,9 +204,9 @@ def _operator_keywords(op: Operator) -> Optional[dict]:
 
 
 def log2_gamma(gamma, heads: int, device) -> Optional[torch.Tensor]:
-    """λ = log2 γ in float64, ``(heads,)``, or None without decay."""
+    """λ = log2 γ in float64, ``(heads,)``, or None without decay (NaN outside (0, 1]: docs/design.md §2.6)."""
     g = resolve_gamma(gamma, heads, device)
-    return None if g is None else torch.log2(g.detach().to(torch.float64))
+    return None if g is None else log2_gamma64(g)
 
 
 def _decay(lam: Optional[torch.Tensor], dist: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:

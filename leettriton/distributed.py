@@ -40,7 +40,7 @@ from .methods.block_based.kernels import walk_segments
 from .methods.block_based.space import segmenting, state_pieces
 from .methods.lightning_attention.kernels import WALK_MAX_R
 from .plan import resolve, run_problem
-from .problem import DTYPES, LAYOUTS, Problem, check_state, make_problem, requires_grad
+from .problem import DTYPES, LAYOUTS, Problem, check_state, log2_gamma64, make_problem, requires_grad
 
 __all__ = ["linear_attention", "simulate", "combine_states", "combine_state_grads", "slice_state", "local_pass"]
 
@@ -48,7 +48,7 @@ _WHERE = "leettriton.distributed.linear_attention"
 
 # the metadata row every rank gathers before any state moves (int64; γ's checksums as float64 bits)
 _FIELDS = ("ok", "batch", "heads", "r", "d", "n", "dtype", "layout", "method", "precision", "return_state",
-           "grad", "gamma", "gamma (weighted)")
+           "grad", "initial_state", "gamma", "gamma (weighted)")
 _AGREE = ("batch", "heads", "r", "d", "dtype", "layout", "method", "precision", "return_state", "gamma",
           "gamma (weighted)")
 _PRECISIONS = ("ieee", "tf32")
@@ -73,7 +73,8 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
         method, layout, precision: as in :func:`leettriton.linear_attention`; the same on every
             rank (``"auto"`` chooses per rank, for the rank's own slice length).
         initial_state: float32 ``(batch, heads, r, d)``, the state before the sequence's first row:
-            read on rank 0 only (validated and ignored on the others).
+            read on rank 0 only (validated and ignored on the others).  One given on another rank while
+            rank 0 has none is a ValueError on every rank (it would be ignored).
         return_state: also return the state after the sequence's last row, on every rank.
 
     Returns:
@@ -83,8 +84,9 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     Raises:
         ValueError on **every** rank when the ranks disagree on batch, heads, r, d, dtype, layout,
         method, precision, return_state or γ, when one rank's inputs require grad while another rank
-        runs with grad mode off, or when one rank's arguments are invalid (that rank raises its own
-        error, the others a ValueError naming it).
+        runs with grad mode off, when a rank other than 0 has an initial_state and rank 0 has none, or
+        when one rank's arguments are invalid (that rank raises its own error, the others a ValueError
+        naming it).
 
     Uses two all-gathers of the group (``torch.distributed``: NCCL for CUDA tensors, gloo for CPU
     tensors) and one host synchronisation (the metadata check); the backward one more all-gather.
@@ -131,7 +133,7 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
         if rank > 0 and initial_state is not None:  # validated like rank 0's, then not read
             B, H, _, r, d = p.shape
             check_state("initial_state", initial_state, (B, H, r, d), p.v.device, optional=True)
-        meta = _metadata(p, name, layout, _grad_mode(b, c, v, initial_state)).to(comm)
+        meta = _metadata(p, name, layout, _grad_mode(b, c, v, initial_state), initial_state is not None).to(comm)
     except (TypeError, ValueError, NotImplementedError) as exc:
         error = exc
         meta = torch.zeros(len(_FIELDS), dtype=torch.int64, device=comm)
@@ -330,11 +332,12 @@ def _grad_mode(*inputs) -> int:
     return _GRAD_NEEDED if requires_grad(*inputs) else _GRAD_ON
 
 
-def _metadata(p: Problem, name: str, layout: str, grad: int) -> torch.Tensor:
-    """This rank's metadata row (see ``_FIELDS``), on the inputs' device; γ's checksums stay on the device."""
+def _metadata(p: Problem, name: str, layout: str, grad: int, has_initial: bool) -> torch.Tensor:
+    """This rank's metadata row (see ``_FIELDS``), on the inputs' device; γ's checksums stay on the device.
+    ``has_initial``: this rank was given an initial state."""
     B, H, n, r, d = p.shape
     ints = [1, B, H, r, d, n, DTYPES.index(p.v.dtype), LAYOUTS.index(layout), zlib.crc32(name.encode()),
-            _PRECISIONS.index(p.precision), int(p.state is not None), grad]
+            _PRECISIONS.index(p.precision), int(p.state is not None), grad, int(has_initial)]
     g = (torch.ones(H, dtype=torch.float64, device=p.v.device) if p.gamma is None
          else p.gamma.to(torch.float64))
     weights = torch.arange(1, H + 1, dtype=torch.float64, device=g.device)
@@ -378,6 +381,11 @@ def _check_agreement(rows: Sequence[Sequence[int]], error: Optional[BaseExceptio
             raise ValueError(f"{_WHERE}: the ranks disagree on {name} ({shown}); every rank must pass the same "
                              f"batch, heads, r, d, dtype, gamma, layout, method, precision and return_state, "
                              f"only the slice length may differ")
+    given = [k for k, row in enumerate(rows) if row[_FIELDS.index("initial_state")]]
+    if given and given[0] != 0:   # only rank 0 reads it: one given elsewhere alone would be ignored
+        raise ValueError(f"{_WHERE}: rank{_plural(given)} passed an initial_state but rank 0 did not; the initial "
+                         f"state is the state before the sequence's first row, which rank 0 holds, and only rank 0 "
+                         f"reads it: pass it on rank 0 (the other ranks may pass it too, or None)")
     grad = [row[_FIELDS.index("grad")] for row in rows]
     needed = [k for k, g in enumerate(grad) if g == _GRAD_NEEDED]
     off = [k for k, g in enumerate(grad) if g == _GRAD_OFF]
@@ -417,7 +425,7 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
     t = torch.arange(n, dtype=torch.float64, device=p.v.device)
     cc = p.c.float()
     if p.gamma is not None:
-        lam = torch.log2(p.gamma.to(torch.float64))
+        lam = log2_gamma64(p.gamma)
         cc = cc * torch.exp2(lam[:, None] * (n - 1 - t)).float()[None, :, :, None]
     state.copy_(cc.transpose(-1, -2) @ p.v.float())
     if p.initial_state is not None:
@@ -466,7 +474,7 @@ def _sum_segments(ws: torch.Tensor, seg_len: int, n: int, gamma: Optional[torch.
     if gamma is None:
         state = ws.sum(dim=2)
         return state if initial_state is None else state.add_(initial_state)
-    lam = torch.log2(gamma.to(device=ws.device, dtype=torch.float64))                 # [H]
+    lam = log2_gamma64(gamma, ws.device)                                              # [H]
     weights = torch.exp2(lam[:, None] * (n - ends)[None, :]).float()                  # [H, NS]
     state = torch.einsum("hs,bhsrd->bhrd", weights, ws)
     if initial_state is not None:
@@ -494,7 +502,7 @@ def combine_states(states: torch.Tensor, lengths: Sequence[int], gamma: Optional
     if gamma is None:
         weights = torch.ones(upto, states.shape[2], dtype=torch.float32, device=states.device)
     else:
-        lam = torch.log2(gamma.to(device=states.device, dtype=torch.float64))
+        lam = log2_gamma64(gamma, states.device)
         weights = torch.exp2(distance[:, None] * lam[None, :]).float()            # [upto, H]
     return torch.einsum("jh,jbhrd->bhrd", weights, states[:upto])
 
@@ -531,7 +539,7 @@ def combine_state_grads(start_grads: torch.Tensor, lengths: Sequence[int], gamma
     grads = torch.stack(grads)
     if gamma is None:
         return grads.sum(0)
-    lam = torch.log2(gamma.to(device=grads.device, dtype=torch.float64))
+    lam = log2_gamma64(gamma, grads.device)
     dist = torch.tensor(distance, dtype=torch.float64, device=grads.device)                  # ≥ 0
     weights = torch.exp2(dist[:, None] * lam[None, :]).float()                                 # [later, H]
     return torch.einsum("kh,kbhrd->bhrd", weights, grads)

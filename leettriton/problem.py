@@ -22,7 +22,8 @@ __all__ = [
     "Problem", "make_problem", "check_tensor", "check_gamma_values", "check_token_triple", "check_dims", "check_device", "resolve_gamma", "type_name",
     "to_bhnd", "new_empty", "new_like", "output_template", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
-    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed", "device_guards_only",
+    "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed", "device_guards_only", "log2_gamma64",
+    "index_as_read", "check_own_memory", "check_unshared", "byte_extent",
 ]
 
 MAX_DIM = 1024
@@ -145,10 +146,11 @@ class Problem:
     @property
     def log2_gamma(self) -> Optional[torch.Tensor]:
         """λ = log2 γ, float32 ``(H,)`` (computed in float64 from :attr:`gamma` at each access), or None:
-        for the PyTorch paths; the kernels read :attr:`gamma` itself."""
+        for the PyTorch paths; the kernels read :attr:`gamma` itself.  NaN for a γ outside (0, 1], as the
+        kernels' λ (:func:`log2_gamma64`; docs/design.md §2.6)."""
         if self.gamma is None:
             return None
-        return torch.log2(self.gamma.to(torch.float64)).float()
+        return log2_gamma64(self.gamma).float()
 
 
 @dataclass
@@ -281,13 +283,15 @@ class _CheckedTensors:
     Only the *check* is remembered: the kernels always read the values from the tensor
     itself, so a write that bypasses the version counter (``.data``, a NumPy
     view) can never leave a call running with old values.  For γ, a value outside (0, 1]
-    written that way makes the kernels' λ NaN, so the output is NaN rather than silently wrong
-    (docs/design.md §2); for slot ids and sequence offsets the kernels clamp what they read
+    written that way makes the kernels' λ NaN, and the λ of the ``_torch`` methods, of the packed and
+    sequence-parallel PyTorch paths and of the backward's own terms too (:func:`log2_gamma64`), so the
+    output is NaN rather than silently wrong (docs/design.md §2.6); for slot ids and sequence offsets the kernels clamp what they read
     (docs/design.md §13.3).  ``remember_unversioned``: whether a tensor without a version
     counter (an inference tensor) is remembered too (γ: yes, it is rarely rewritten; indices: no,
     a server rewrites them every step).  ``remember_cpu``: whether a CPU tensor is remembered under
-    the interpreter, whose kernels guard as the GPU's do (γ: yes); outside it a CPU tensor feeds the
-    PyTorch twins, which have no such guard, and is checked on every call.
+    the interpreter, whose kernels and PyTorch methods guard as the GPU's do (γ: yes); outside it a CPU
+    tensor feeds PyTorch code without that guard everywhere (the decode steps' PyTorch form multiplies
+    by γ itself), and is checked on every call.
     """
 
     def __init__(self, remember_unversioned: bool = True, remember_cpu: bool = False) -> None:
@@ -362,10 +366,21 @@ _FLOAT_GAMMAS: dict[tuple, torch.Tensor] = {}
 
 def check_gamma_values(gamma: torch.Tensor) -> None:
     """γ's values in (0, 1] (no NaN), for a tensor whose shape, dtype and device passed
-    :func:`resolve_gamma`: one device sync on CUDA, once per tensor version (docs/design.md §2.6)."""
+    :func:`resolve_gamma`: one device sync on CUDA, once per tensor version; a CPU tensor's few values are
+    read on every call outside the interpreter (docs/design.md §2.6)."""
     checked = _CHECKED
     if not checked.seen(gamma):  # (a repeated call's case, without check's own frame)
         checked.check(gamma)
+
+
+def log2_gamma64(gamma: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor:
+    """λ = log2 γ in float64 on ``device`` (default: γ's), NaN for every γ outside (0, 1] (NaN included).
+
+    What the PyTorch paths compute λ with: the guard of the kernels' ``log2_float64`` (docs/design.md §2.6),
+    so a γ rewritten after its check (behind its version counter) gives NaN outputs there too, never finite
+    wrong ones.  A device operation: no sync."""
+    g = gamma.detach().to(device=device if device is not None else gamma.device, dtype=torch.float64)
+    return torch.where((g > 0) & (g <= 1), torch.log2(g), float("nan"))
 
 
 def _float_gamma(g: float, heads: int, device: torch.device) -> torch.Tensor:
@@ -441,6 +456,92 @@ def check_pool(name: str, pool, heads: int, r: int, d: int, device: torch.device
                          f"got {tuple(pool.shape)}")
     if pool.device != device:
         raise ValueError(f"{name} must be on the inputs' device {device}, got {pool.device}")
+
+
+def index_as_read(x):
+    """An index tensor (slot ids, sequence offsets, flags) as the kernels read it: contiguous.
+
+    The kernels read an index tensor as contiguous memory, entry i at element i from its first, so a
+    strided one (``ids[::2]``, an expanded view) is copied here, once per call, and every check of its
+    values then reads the copy the kernels read (docs/design.md §13.3).  A contiguous tensor is returned
+    as it is (no copy, no device work); anything else (not a tensor) is returned for the checks to name.
+    Every entry point calls this before it computes a repeated call's signature (docs/design.md §4.5),
+    so a signature's launch is only ever repeated with contiguous indices.  A strided index tensor is
+    thus a copy per call and, on CUDA, a value check (one sync) per call: pass contiguous ones."""
+    if isinstance(x, torch.Tensor) and not x.is_contiguous():
+        return x.contiguous()
+    return x
+
+
+def _overlap_reason(x: torch.Tensor) -> Optional[str]:
+    """Why two elements of ``x`` may share memory, or None when its strides show they cannot (each
+    stride, smallest first, at least the span of the dimensions of smaller strides)."""
+    if x.is_contiguous() or x.numel() <= 1:
+        return None
+    span = 1
+    for stride, size, dim in sorted((x.stride(i), x.shape[i], i) for i in range(x.dim()) if x.shape[i] > 1):
+        if stride == 0:
+            return f"dim {dim} (size {size}) has stride 0, so its {size} entries are one element (an expanded view)"
+        if stride < span:
+            return (f"dim {dim} (size {size}) has stride {stride}, less than the {span} elements the dimensions "
+                    f"of smaller strides span, so entries may share memory")
+        span += stride * (size - 1)
+    return None
+
+
+def check_own_memory(name: str, x: torch.Tensor) -> None:
+    """``x`` is written in place (a state, a pool, an output): no two of its elements may share memory.
+
+    An expanded or otherwise self-overlapping tensor would have one element written for several (a
+    state updated once per row that shares it, or one slot's write changing every slot), so it is
+    refused with a ValueError before any work (docs/design.md §13.3).  A layout whose strides cannot
+    show that its elements are apart (each stride, smallest first, at least the span of the smaller
+    ones: true of every contiguous, permuted, sliced or padded tensor) is refused too.  Read-only
+    inputs may overlap (an expanded b, c, v or initial state is read correctly).  Depends on the
+    shape and strides alone: a repeated call's signature holds them, so it runs once per signature."""
+    reason = _overlap_reason(x)
+    if reason is not None:
+        raise ValueError(f"{name} is written in place, so its elements must not overlap in memory: got a "
+                         f"{x.dtype} tensor of shape {tuple(x.shape)} with strides {tuple(x.stride())}, whose "
+                         f"{reason}; pass a tensor with memory of its own per element (e.g. torch.zeros of "
+                         f"that shape, or .clone())")
+
+
+def byte_extent(x: torch.Tensor) -> int:
+    """The bytes ``x``'s elements span from ``x.data_ptr()`` (0 for an empty tensor); depends on the shape,
+    strides and dtype alone, so a repeated call keeps it with its signature."""
+    if x.numel() == 0:
+        return 0
+    return (sum((size - 1) * stride for size, stride in zip(x.shape, x.stride())) + 1) * x.element_size()
+
+
+def check_unshared(name: str, x: torch.Tensor, reads, extent: Optional[int] = None) -> None:
+    """``x``, written in place, must not share memory with any tensor the call reads: ``reads`` holds
+    ``(name, tensor or None)`` pairs, or ``(name, tensor or None, byte_extent)`` triples (a repeated
+    call's, kept with its signature: then this reads two pointers per pair and nothing else).
+
+    A state that is a view of the inputs (or of γ, or of the indices) would be read after some program
+    wrote it (the kernels update it in place while others still read their inputs), so the answer would
+    depend on the order programs run in: refused with a ValueError before any work.  The test is on
+    the address ranges the tensors span, so two views interleaved in one buffer are refused too
+    (docs/design.md §13.3)."""
+    size = byte_extent(x) if extent is None else extent
+    if not size:
+        return
+    lo = x.data_ptr()
+    hi = lo + size
+    for entry in reads:
+        other = entry[1]
+        if other is None:
+            continue
+        span = entry[2] if len(entry) > 2 else byte_extent(other)
+        if not span:
+            continue
+        start = other.data_ptr()
+        if start < hi and lo < start + span:
+            raise ValueError(f"{name} is written in place, so it must not share memory with {entry[0]}, which "
+                             f"the call reads: got {entry[0]} ({type_name(other)}) in memory that {name} "
+                             f"({type_name(x)}) also spans; pass tensors with memory of their own")
 
 
 def _capturing(x: torch.Tensor) -> bool:
@@ -545,9 +646,13 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
 
     Returns the problem and the output ``(T, H, d)``.  Every check runs before any launch; those that
     read index values on the device (cu_seqlens, slot ids) cost one sync each on CUDA, once per tensor
-    version, and are skipped with ``check_indices=False`` (docs/design.md §13.3).
+    version, and are skipped with ``check_indices=False`` (docs/design.md §13.3).  The index tensors
+    (cu_seqlens, slot ids, flags) are taken as the kernel reads them, contiguous (:func:`index_as_read`),
+    and the problem holds those; a pool whose elements overlap, or that shares memory with anything the
+    call reads, is refused (:func:`check_own_memory`, :func:`check_unshared`).
     """
     where = "linear_attention_varlen"
+    cu_seqlens, slot_ids, has_initial_state = (index_as_read(x) for x in (cu_seqlens, slot_ids, has_initial_state))
     (b, c, v), (T, H, r, d) = check_token_triple(("b", "c", "v"), b, c, v,
                                                  "(T, heads, dim): the packed tokens of every sequence",
                                                  "T and heads (T, heads, dim)")
@@ -585,11 +690,16 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
             if has_initial_state.device != device:
                 raise ValueError(f"has_initial_state must be on the inputs' device {device}, got "
                                  f"{has_initial_state.device}")
+    gamma_h = resolve_gamma(gamma, H, device)
+    if state_pool is not None:
+        check_own_memory("state_pool", state_pool)
+        check_unshared("state_pool", state_pool, (("b", b), ("c", c), ("v", v), ("gamma", gamma_h),
+                                                  ("cu_seqlens", cu), ("slot_ids", slot_ids),
+                                                  ("has_initial_state", has_initial_state)))
     check_cu_seqlens_values(cu, T, check_indices)
     if state_pool is not None:
         check_slot_values("slot_ids", slot_ids, slots, check_indices)
 
-    gamma_h = resolve_gamma(gamma, H, device)
     out = new_empty((T, H, d), v.dtype, device)
     if state_pool is not None:
         state = state_pool

@@ -14,7 +14,7 @@ import numbers
 import os
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -507,6 +507,9 @@ def check_own_memory(name: str, x: torch.Tensor) -> None:
                          f"that shape, or .clone())")
 
 
+_tracing: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 def byte_extent(x: torch.Tensor) -> int:
     """The bytes ``x``'s elements span from ``x.data_ptr()`` (0 for an empty tensor); depends on the shape,
     strides and dtype alone, so a repeated call keeps it with its signature."""
@@ -524,7 +527,9 @@ def check_unshared(name: str, x: torch.Tensor, reads, extent: Optional[int] = No
     wrote it (the kernels update it in place while others still read their inputs), so the answer would
     depend on the order programs run in: refused with a ValueError before any work.  The test is on
     the address ranges the tensors span, so two views interleaved in one buffer are refused too
-    (docs/design.md §13.3)."""
+    (docs/design.md §13.3).  Not while ``torch.compile`` traces, where addresses are not known (§4.6)."""
+    if _tracing():
+        return
     size = byte_extent(x) if extent is None else extent
     if not size:
         return

@@ -224,18 +224,59 @@ def store_tile(ptr, value, rows, cols, stride_row, stride_col, n_rows, n_cols):
 
 @triton.jit
 def masked_product(acc, b_ptr, c_ptr, v_ptr, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
-                   HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, BK: tl.constexpr):
+                   HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, BK: tl.constexpr,
+                   CAUSAL: tl.constexpr = False):
     """acc + ((b_i c_jᵀ) ⊙ M_ij) v_j: the decayed scores of rows ``o_i`` against the keys ``o_j``
-    (M[i, j] = γ^(i−j) for i ≥ j, else 0; b c over r in slices of BK), times those keys' values."""
+    (M[i, j] = γ^(i−j) for i ≥ j, else 0; b c over r in slices of BK), times those keys' values.
+
+    ``CAUSAL``: causal for any values (docs/nonfinite.md), the slow form a kernel takes once its fast
+    result holds a non-finite entry (:func:`any_nonfinite`): the scores where M is zero are selected out,
+    and the product with v is :func:`lower_values_product`.  Without it, a masked score times a
+    non-finite value (0 · inf) is NaN in an earlier row."""
     o_k = tl.arange(0, BK)
     scores = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
     for k0 in range(0, R, BK):
         b_bi = load_tile(b_ptr, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R)
         b_cj = load_tile(c_ptr, o_j, k0 + o_k, c_strides[2], c_strides[3], N, R)
         scores += mma(b_bi, tl.trans(b_cj), DOT_PRECISION)  # [BT, BK] @ [BK, BJ]
-    scores *= causal_decay(lam, o_i, o_j, HAS_DECAY)
+    m = causal_decay(lam, o_i, o_j, HAS_DECAY)
     b_vj = load_tile(v_ptr, o_j, o_v, v_strides[2], v_strides[3], N, D)
+    if CAUSAL:
+        scores = tl.where(m > 0.0, scores * m, 0.0)
+        return acc + lower_values_product(scores.to(b_vj.dtype), b_vj, o_i, o_j, DOT_PRECISION)
+    scores *= m
     return acc + mma(scores.to(b_vj.dtype), b_vj, DOT_PRECISION)  # [BT, BJ] @ [BJ, BV]
+
+
+@triton.jit
+def nonfinite(x):
+    """Elementwise: whether each entry of ``x`` is ±inf or NaN (x · 0 is 0 exactly when x is finite)."""
+    return (x.to(tl.float32) * 0.0) != 0.0
+
+
+@triton.jit
+def any_nonfinite(x):
+    """Whether the tile ``x`` holds a non-finite entry, as a scalar: one multiply per entry and one sum
+    (NaN exactly when an entry is ±inf or NaN).  A kernel checks its float32 result tile so, once, and
+    only where it holds one takes its slow causal form (docs/nonfinite.md)."""
+    z = tl.sum(tl.sum(x.to(tl.float32) * 0.0, axis=1), axis=0)
+    return z != z
+
+
+@triton.jit
+def lower_values_product(scores, b_v, o_i, o_j, PRECISION: tl.constexpr):
+    """``scores @ v`` ([BT, BJ] @ [BJ, BV]) for scores that are zero wherever key ``o_j`` comes after row
+    ``o_i`` (selected so), such that a non-finite v_j reaches rows i ≥ j only.
+
+    A plain product multiplies those zeros by every v_j, and 0 · ±inf is NaN in the earlier rows.  Here v
+    enters with its non-finite entries set to zero, and each value column's rows from its first non-finite
+    entry on take the plain product (the value the definition gives them).  Two products: the slow form only.
+    """
+    bad = nonfinite(b_v)
+    first = tl.min(tl.where(bad, o_j[:, None], 2147483647), axis=0)  # [BV]: the first key with a non-finite v
+    clean = mma(scores, tl.where(bad, 0.0, b_v).to(b_v.dtype), PRECISION)  # [BT, BJ] @ [BJ, BV]
+    raw = mma(scores, b_v, PRECISION)  # [BT, BJ] @ [BJ, BV]
+    return tl.where(o_i[:, None] >= first[None, :], raw, clean)
 
 
 @triton.jit

@@ -243,9 +243,40 @@ def masked_product(acc, b_ptr, c_ptr, v_ptr, b_strides, c_strides, v_strides, o_
     b_vj = load_tile(v_ptr, o_j, o_v, v_strides[2], v_strides[3], N, D)
     if CAUSAL:
         scores = tl.where(m > 0.0, scores * m, 0.0)
-        return acc + lower_values_product(scores.to(b_vj.dtype), b_vj, o_i, o_j, DOT_PRECISION)
-    scores *= m
-    return acc + mma(scores.to(b_vj.dtype), b_vj, DOT_PRECISION)  # [BT, BJ] @ [BJ, BV]
+    else:
+        scores *= m
+    if b_vj.dtype == tl.float16:
+        # float16 rounds the scores to its range: a tile past it (or all below its normal range) goes in
+        # scaled by a power of two, undone on the float32 product (docs/nonfinite.md)
+        up, down = float16_tile_scale(scores)
+        scores *= up
+    else:
+        down = 1.0
+    if CAUSAL:
+        return acc + lower_values_product(round_to(scores, b_vj.dtype), b_vj, o_i, o_j, DOT_PRECISION) * down
+    return acc + mma(round_to(scores, b_vj.dtype), b_vj, DOT_PRECISION) * down  # [BT, BJ] @ [BJ, BV]
+
+
+FP16_MAX = tl.constexpr(65504.0)
+FP16_MIN_NORMAL = tl.constexpr(2.0 ** -14)
+
+
+@triton.jit
+def float16_tile_scale(x):
+    """(up, down): powers of two for a float32 tile ``x`` about to be rounded to float16, as scalars.
+
+    1 and 1 where the tile's largest finite |entry| m is zero or in float16's normal range [2^-14, 65 504]
+    (the rounding keeps 11 significant bits of every entry near m, and the tile goes in as it is); else
+    ``up`` brings m into [2^14, 2^15) (no overflow, and every entry down to 2^-24 of m keeps its precision)
+    and ``down`` = 1 / ``up`` undoes it on the float32 product.  One reduction of the tile."""
+    a = tl.where(nonfinite(x), 0.0, tl.abs(x))
+    m = tl.max(tl.max(a, axis=1), axis=0)
+    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of m
+    k = tl.minimum(tl.maximum(268 - e, 1), 253)  # biased exponent of 2^(14 − (e − 127))
+    keep = (m == 0.0) | ((m >= FP16_MIN_NORMAL) & (m <= FP16_MAX))
+    up = tl.where(keep, 1.0, (k << 23).to(tl.float32, bitcast=True))
+    down = tl.where(keep, 1.0, ((254 - k) << 23).to(tl.float32, bitcast=True))
+    return up, down
 
 
 @triton.jit

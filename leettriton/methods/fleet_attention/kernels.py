@@ -88,8 +88,8 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import (any_nonfinite, batch_head, causal_decay, decay, head_log2_gamma, head_ptrs, mma, nonfinite,
-                            problem_args, round_to)
+from ...kernels.abi import (any_nonfinite, batch_head, causal_decay, decay, float16_tile_scale, head_log2_gamma,
+                            head_ptrs, mma, nonfinite, problem_args, round_to)
 from ...kernels.segments import segment_start_states
 
 _KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION"]
@@ -114,17 +114,25 @@ def _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.c
     made of terms of size 1).  L's rounding, the same for every rank, errs in proportion to the
     scores themselves, as the chunked kernels' rounded decayed scores do.
 
-    ``CAUSAL`` (the slow form, docs/nonfinite.md): L's zeros above the diagonal times a non-finite c_j v_j
-    would be NaN in rows i < j, so c ⊙ v enters with its non-finite entries set to zero, and each value
-    column's rows from its first non-finite entry on take the plain product instead.
+    ``CAUSAL`` (the slow form, taken by a block whose output is not finite, docs/nonfinite.md): L's zeros
+    above the diagonal times a non-finite c_j v_j would be NaN in rows i < j, so c ⊙ v enters with its
+    non-finite entries set to zero, and each value column's rows from its first non-finite entry on take
+    the plain product instead; for float16 a tile of c ⊙ v past float16's range goes in scaled.
     """
     b_x = b_c.to(tl.float32)[:, None] * b_v.to(tl.float32)
     if CAUSAL:
+        if IN_DTYPE == tl.float16:
+            # float16's hi part of c ⊙ v overflows past 65 504 (c, v ≈ 300): in the slow form a tile past
+            # float16's range goes in scaled by a power of two, undone on the float32 product
+            up, down = float16_tile_scale(b_x)
+            b_x = b_x * up
+        else:
+            down = 1.0
         bad = nonfinite(b_x)
         first = tl.min(tl.where(bad, o_r[:, None], 2147483647), axis=0)  # [BV]: each column's first non-finite row
         clean = _split_product(b_l, tl.where(bad, 0.0, b_x), IN_DTYPE, DOT_PRECISION)
         raw = _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION)
-        return tl.where(o_r[:, None] >= first[None, :], raw, clean)
+        return tl.where(o_r[:, None] >= first[None, :], raw, clean) * down
     return _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION)
 
 

@@ -75,9 +75,9 @@ from ...autotune.families import current_family, is_interpreting
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.pieces import in_r_pieces
-from ...kernels.abi import (any_nonfinite, batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs,
-                            load_tile, low_part, mma, nonfinite, pow2_at_least_16, problem_args, reversed_rows, round_to,
-                            store_tile, strides, two_part)
+from ...kernels.abi import (FP16_MAX, FP16_MIN_NORMAL, any_nonfinite, batch_head, causal_decay, decay,
+                            float16_tile_scale, head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part, mma, nonfinite,
+                            pow2_at_least_16, problem_args, reversed_rows, round_to, store_tile, strides, two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
        "TWO_PART", "PIECE", "ACC", "TMA", "CUT"]
@@ -346,7 +346,9 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
     after them and whether float16's check failed (``bad``, a scalar; always 0 unless MODE is 1).
 
     ``CAUSAL``: the slow form, causal for any values (docs/nonfinite.md), walked again by a program whose
-    first walk ended with a non-finite state (:func:`_state_nonfinite`); the state it carries is the same.
+    first walk ended with a non-finite state (:func:`_state_nonfinite`) or, for float16, met scores out of
+    float16's range (``out_of_range``, returned last: the slow form scales such chunks' score tiles); the
+    state it carries is the same.
 
     ``MODE``: 0, the state operand rounded as it is (bfloat16, float32); 1, float16 checked: rounded as it
     is, each row's copy checked (:func:`_float16_row_check`); 2, float16 scaled: each row of the operand
@@ -360,6 +362,12 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
     # reduction), else from the float32 tiles (perf/results/h200/walk_fp16_checked.log)
     FROM_COPY: tl.constexpr = NK == 1
     bad = tl.zeros([BV], dtype=tl.int32)
+    # float16's score range (docs/nonfinite.md): each key's largest decayed score in each chunk, kept as the
+    # largest over chunks and whether every key was below float16's normal range in some chunk (a tile all
+    # below it, or past 65 504, sends the program round again, its tiles scaled where they need it)
+    F16: tl.constexpr = p_b.dtype.element_ty == tl.float16
+    key_max = tl.zeros([BT], dtype=tl.float32)
+    key_low = tl.zeros([BT], dtype=tl.int32)
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
         if MODE == 2:
@@ -420,8 +428,20 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
             b_at = tl.where(m_intra_t > 0.0, b_at * m_intra_t, 0.0)
         else:
             b_at = b_at * m_intra_t
-        b_att = round_to(b_at, b_vt.dtype)
-        b_ot += _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION)
+        if F16 and CAUSAL:
+            # a tile past float16's range (or all below its normal range) scaled by a power of two, undone
+            # on the float32 product; a tile within it as it is
+            up, down = float16_tile_scale(b_at)
+            b_at = b_at * up
+            b_att = round_to(b_at, b_vt.dtype)
+            b_ot += _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION) * down
+        else:
+            if F16:
+                m_key = tl.max(tl.abs(b_at), axis=1)  # [BT]: each key's largest score in this chunk
+                key_max = tl.maximum(key_max, m_key)
+                key_low = tl.maximum(key_low, (m_key < FP16_MIN_NORMAL).to(tl.int32))
+            b_att = round_to(b_at, b_vt.dtype)
+            b_ot += _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION)
         if ACC:
             b_ot += b_acc
         store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
@@ -443,7 +463,11 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
         p_v += BT * stride_vn
         p_o += BT * stride_on
         p_a += BT * stride_an
-    return s0, s1, s2, s3, tl.max(bad, axis=0)
+    # out of float16's range: a score past 65 504, or (a necessary condition for a tile all below 2^-14) every
+    # key below it in some chunk while some score is not zero
+    top = tl.max(key_max, axis=0)
+    out_of_range = F16 and ((top > FP16_MAX) | ((tl.min(key_low, axis=0) > 0) & (top > 0.0)))
+    return s0, s1, s2, s3, tl.max(bad, axis=0), out_of_range
 
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
@@ -534,18 +558,19 @@ def _chunk_walk_fwd_kernel(
 
     s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
                                  HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
-    s0, s1, s2, s3, bad = _walk_chunks(
+    s0, s1, s2, s3, bad, out_of_range = _walk_chunks(
         s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
         stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
         acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, False,
         BT, BK, BV)
     # a non-finite c or v in the walked rows made the state non-finite, and may have reached earlier rows of
     # its chunk through a zero score (0 · inf): the program walks its rows again in the causal form, its
-    # outputs written over (docs/nonfinite.md).  Other inputs pay this one check of the final state
-    if _state_nonfinite(s0, s1, s2, s3, NK):
+    # outputs written over (docs/nonfinite.md); so does one whose float16 scores left float16's range.  Other
+    # inputs pay this one check of the final state (and float16's of its score range)
+    if _state_nonfinite(s0, s1, s2, s3, NK) | out_of_range:
         s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
                                      HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
-        s0, s1, s2, s3, bad = _walk_chunks(
+        s0, s1, s2, s3, bad, _ = _walk_chunks(
             s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
             stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
             acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, True,

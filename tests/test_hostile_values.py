@@ -163,3 +163,28 @@ def test_backward_mirror_rule(method):
             assert torch.isfinite(after).all(), f"{method}: inf in do at row {k}: d{name} non-finite after row {k}"
             assert torch.equal(after, y[:, 0, k + 1:]), f"{method}: inf in do at row {k}: d{name} changed after it"
             assert torch.equal(x[:, 1], y[:, 1]), f"{method}: inf in do at row {k}: d{name} of the other head changed"
+
+
+RANGE_CASES = {
+    "scores past 65504": (300.0, 300.0, 1e-3),
+    "c v past 65504": (1e-4, 200.0, 200.0),
+    "scores below 2^-14": (1e-3, 1e-3, 1e3),
+}
+"""float16 inputs whose exact output fits float16 but whose scores b·c (or products c·v) do not: the scales of
+b, c and v (docs/nonfinite.md)."""
+
+
+@pytest.mark.parametrize("method", KERNELS)
+@pytest.mark.parametrize("case", list(RANGE_CASES), ids=lambda s: s.replace(" ", "-"))
+def test_float16_scores_out_of_range(method, case):
+    """Finite float16 inputs whose output fits float16 while their scores b·c lie past 65 504 or all below
+    float16's normal range: finite, within float16's tolerance of the oracle (the score tiles go in scaled)."""
+    sb, sc, sv = RANGE_CASES[case]
+    g = torch.Generator().manual_seed(6)
+    b, c, v = ((torch.randn(1, 1, N, 16, generator=g) * s).to(DEVICE, torch.float16) for s in (sb, sc, sv))
+    ref = reference(b, c, v, 0.9)
+    assert ref.abs().max() < 60000, "the case's exact output must fit float16"
+    out = leettriton.linear_attention(b, c, v, 0.9, method=method)
+    assert torch.isfinite(out).all(), f"{method} [{case}]: {int((~torch.isfinite(out)).sum())} non-finite outputs"
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err <= tolerance(torch.float16), f"{method} [{case}]: relative error {err:.3e}"

@@ -89,6 +89,9 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
         The float64 output in the inputs' layout; with ``return_state=True``,
         ``(output, state)`` with the float64 final state ``(batch, heads, r, d)``.
 
+    Causal for any values: a non-finite input at row k reaches rows ≥ k only, each row that depends on it
+    getting the value the definition gives it (docs/nonfinite.md).
+
     Differentiable: when b, c, v or ``initial_state`` requires grad, autograd records the float64
     computation, so its gradients are the oracle's gradients (γ stays a constant).  Give it float32
     copies of 16-bit inputs to get them back in float32.

@@ -76,8 +76,9 @@ from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.pieces import in_r_pieces
 from ...kernels.abi import (FP16_MAX, FP16_MIN_NORMAL, any_nonfinite, batch_head, causal_decay, decay,
-                            float16_tile_scale, head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part, mma, nonfinite,
-                            pow2_at_least_16, problem_args, reversed_rows, round_to, store_tile, strides, two_part)
+                            float16_tile_scale, head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part, mma,
+                            nonfinite, pow2_at_least_16, problem_args, reversed_rows, round_to, store_tile, strides,
+                            two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
        "TWO_PART", "PIECE", "ACC", "TMA", "CUT"]
@@ -465,8 +466,11 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
         p_a += BT * stride_an
     # out of float16's range: a score past 65 504, or (a necessary condition for a tile all below 2^-14) every
     # key below it in some chunk while some score is not zero
-    top = tl.max(key_max, axis=0)
-    out_of_range = F16 and ((top > FP16_MAX) | ((tl.min(key_low, axis=0) > 0) & (top > 0.0)))
+    if F16:
+        top = tl.max(key_max, axis=0)
+        out_of_range = (top > FP16_MAX) | ((tl.min(key_low, axis=0) > 0) & (top > 0.0))
+    else:
+        out_of_range = False
     return s0, s1, s2, s3, tl.max(bad, axis=0), out_of_range
 
 

@@ -188,3 +188,26 @@ def test_float16_scores_out_of_range(method, case):
     assert torch.isfinite(out).all(), f"{method} [{case}]: {int((~torch.isfinite(out)).sum())} non-finite outputs"
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err <= tolerance(torch.float16), f"{method} [{case}]: relative error {err:.3e}"
+
+
+def test_float16_scores_below_range_with_zero_rows():
+    """float16 scores all below 2^-14 in a sequence shorter than one chunk (the chunk's other rows absent)
+    and in one whose last rows are zeros (rows of zeros count neither for nor against the walk's range check):
+    within tolerance; and a zero-padded ordinary sequence gives its unpadded rows' bits."""
+    g = torch.Generator().manual_seed(7)
+    for n in (11, N):
+        b, c, v = ((torch.randn(1, 1, n, 16, generator=g) * s).to(DEVICE, torch.float16) for s in (1e-3, 1e-3, 1e3))
+        if n == N:
+            b[:, :, 30:] = 0
+            c[:, :, 30:] = 0
+        ref = reference(b, c, v, 0.9)
+        out = leettriton.linear_attention(b, c, v, 0.9, method="lightning_attention")
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err <= tolerance(torch.float16), f"lightning_attention, n = {n}: relative error {err:.3e}"
+    b, c, v = (torch.randn(1, 1, N, 16, generator=g).to(DEVICE, torch.float16) for _ in range(3))
+    padded = [x.clone() for x in (b, c, v)]
+    for x in padded:
+        x[:, :, 30:] = 0
+    short = leettriton.linear_attention(*(x[:, :, :30] for x in (b, c, v)), 0.9, method="lightning_attention")
+    out = leettriton.linear_attention(*padded, 0.9, method="lightning_attention")
+    assert torch.equal(out[:, :, :30], short), "zero padding changed the rows before it"

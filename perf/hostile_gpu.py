@@ -196,7 +196,8 @@ def range_cases(torch, device, cpu, emit):
             g_gamma = torch.full((H,), math.log(gamma), device=device, dtype=torch.float32)
 
             def run_fla():
-                o = fla(q=b.transpose(1, 2), k=c.transpose(1, 2), v=v.transpose(1, 2), g_gamma=g_gamma, scale=1.0)
+                q, k, vv = (x.transpose(1, 2).contiguous() for x in (b, c, v))   # [B, T, H, K]
+                o = fla(q=q, k=k, v=vv, g_gamma=g_gamma, scale=1.0)
                 o = o[0] if isinstance(o, tuple) else o
                 return o.transpose(1, 2)
 

@@ -197,7 +197,7 @@ def range_cases(torch, device, cpu, emit):
 
             def run_fla():
                 q, k, vv = (x.transpose(1, 2).contiguous() for x in (b, c, v))   # [B, T, H, K]
-                o = fla(q=q, k=k, v=vv, g_gamma=g_gamma, scale=1.0)
+                o = fla(q, k, vv, g_gamma=g_gamma, scale=1.0)
                 o = o[0] if isinstance(o, tuple) else o
                 return o.transpose(1, 2)
 

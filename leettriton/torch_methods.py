@@ -98,16 +98,51 @@ def _masked_product(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, mask: tor
 
 
 def _lower_product(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``a @ x`` over the last two dims for a lower-triangular ``a`` (zero above the diagonal), such that a
-    non-finite entry of ``x`` at row k reaches rows ≥ k only.
+    """``a @ x`` over the last two dims for a square lower-triangular ``a`` (zero above the diagonal), such
+    that a non-finite entry of ``x`` at row k reaches rows ≥ k only, and (backward) a non-finite gradient
+    at row k reaches the gradients of rows ≤ k only.
 
     A plain product multiplies the zeros above the diagonal by every row of ``x``, and 0 · ±inf is NaN.
     Here ``x`` enters with its non-finite entries set to zero, and each column's rows from its first
     non-finite entry on are NaN: elementwise work and no host synchronisation, the product made once.
+    The backward's product with aᵀ is the same in reversed time (:class:`_LowerProduct`).
     """
+    return _LowerProduct.apply(a, x)
+
+
+def _lower_product_values(a: torch.Tensor, x: torch.Tensor):
+    """(a @ x as :func:`_lower_product` gives it, x with its non-finite entries zeroed, where they were, and the
+    entries set to NaN)."""
     bad = ~torch.isfinite(x)
-    out = a @ x.masked_fill(bad, 0.0)
-    return out.masked_fill(torch.cummax(bad, dim=-2).values, float("nan"))
+    clean = x.masked_fill(bad, 0.0)
+    reached = torch.cummax(bad, dim=-2).values
+    return (a @ clean).masked_fill(reached, float("nan")), clean, bad, reached
+
+
+class _LowerProduct(torch.autograd.Function):
+    """:func:`_lower_product` with a backward that keeps the mirror rule (docs/nonfinite.md): d(a @ x)/dx is
+    aᵀ g, an upper-triangular product, made as the lower product of a and g both reversed in time."""
+
+    @staticmethod
+    def forward(ctx, a, x):
+        out, _, _, _ = _lower_product_values(a, x)
+        ctx.save_for_backward(a, x)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        # from the saved inputs, so that a backward with create_graph is differentiable in turn
+        a, x = ctx.saved_tensors
+        bad = ~torch.isfinite(x)
+        clean = x.masked_fill(bad, 0.0)
+        g = g.masked_fill(torch.cummax(bad, dim=-2).values, 0.0)   # the entries set to NaN are constants
+        da = dx = None
+        if ctx.needs_input_grad[0]:
+            da = (g @ clean.transpose(-1, -2)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:
+            rev = a.transpose(-1, -2).flip(-1, -2)                       # aᵀ reversed in both dims: lower
+            dx = _lower_product_values(rev, g.flip(-2))[0].flip(-2).masked_fill(bad, 0.0)
+        return da, dx
 
 
 def _from_state(b: torch.Tensor, S: torch.Tensor, lam: Optional[torch.Tensor], pos: torch.Tensor) -> torch.Tensor:

@@ -141,7 +141,8 @@ def test_nonfinite_packed_sequences(method):
         assert torch.equal(out[keep], clean[keep]), f"{method}: inf in {name} at token 29 changed other rows"
 
 
-@pytest.mark.parametrize("method", ["auto", "lightning_attention", "vanilla", "fleet_attention"])
+@pytest.mark.parametrize("method", ["auto", "lightning_attention", "vanilla", "fleet_attention", "lightning_attention_torch",
+                                    "fleet_attention_torch", "block_based_torch", "recursion_torch", "vanilla_torch"])
 def test_backward_mirror_rule(method):
     """A non-finite output gradient at row k spoils at most the gradients of rows ≤ k: those of the rows
     after k are the clean run's, bit for bit (the backward's reversed calls are the forward run backwards

@@ -301,13 +301,12 @@ def lower_values_product(scores, b_v, o_i, o_j, PRECISION: tl.constexpr):
 
     A plain product multiplies those zeros by every v_j, and 0 · ±inf is NaN in the earlier rows.  Here v
     enters with its non-finite entries set to zero, and each value column's rows from its first non-finite
-    entry on take the plain product (the value the definition gives them).  Two products: the slow form only.
+    entry on are NaN (the definition gives them ±inf or NaN): one product, as the fast form's.
     """
     bad = nonfinite(b_v)
     first = tl.min(tl.where(bad, o_j[:, None], 2147483647), axis=0)  # [BV]: the first key with a non-finite v
     clean = mma(scores, tl.where(bad, 0.0, b_v).to(b_v.dtype), PRECISION)  # [BT, BJ] @ [BJ, BV]
-    raw = mma(scores, b_v, PRECISION)  # [BT, BJ] @ [BJ, BV]
-    return tl.where(o_i[:, None] >= first[None, :], raw, clean)
+    return tl.where(o_i[:, None] >= first[None, :], float("nan"), clean)
 
 
 @triton.jit

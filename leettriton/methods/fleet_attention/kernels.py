@@ -116,8 +116,9 @@ def _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.c
 
     ``CAUSAL`` (the slow form, taken by a block whose output is not finite, docs/nonfinite.md): L's zeros
     above the diagonal times a non-finite c_j v_j would be NaN in rows i < j, so c ⊙ v enters with its
-    non-finite entries set to zero, and each value column's rows from its first non-finite entry on take
-    the plain product instead; for float16 a tile of c ⊙ v past float16's range goes in scaled.
+    non-finite entries set to zero, and each value column's rows from its first non-finite entry on are
+    NaN (the definition gives them ±inf or NaN); for float16 a tile of c ⊙ v past float16's range goes in
+    scaled.
     """
     b_x = b_c.to(tl.float32)[:, None] * b_v.to(tl.float32)
     if CAUSAL:
@@ -131,8 +132,7 @@ def _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.c
         bad = nonfinite(b_x)
         first = tl.min(tl.where(bad, o_r[:, None], 2147483647), axis=0)  # [BV]: each column's first non-finite row
         clean = _split_product(b_l, tl.where(bad, 0.0, b_x), IN_DTYPE, DOT_PRECISION)
-        raw = _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION)
-        return tl.where(o_r[:, None] >= first[None, :], raw, clean) * down
+        return tl.where(o_r[:, None] >= first[None, :], float("nan"), clean * down)
     return _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION)
 
 

@@ -260,19 +260,17 @@ def _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL: tl.constexpr, PIECE: tl
 
     ``CAUSAL`` (the walk's slow form, docs/nonfinite.md): zero scores (masked or decayed away) times a
     non-finite v_j would be NaN in rows i < j, so v enters with its non-finite entries set to zero, and each
-    value column's rows from its first non-finite entry on take the plain product instead (two products)."""
+    value column's rows from its first non-finite entry on are NaN (the definition gives them ±inf or NaN)."""
     if PIECE:
         b_lo = low_part(b_at, b_att, b_vt.dtype)
     if CAUSAL:
         bad = nonfinite(b_vt)
         first = tl.min(tl.where(bad, o_t[None, :], 2147483647), axis=1)  # [BV]: each column's first non-finite row
         b_clean = tl.where(bad, 0.0, b_vt).to(b_vt.dtype)
-        clean = mma(b_clean, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
-        raw = mma(b_vt, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
+        out = mma(b_clean, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
         if PIECE:
-            clean += mma(b_clean, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
-            raw += mma(b_vt, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
-        return tl.where(o_t[None, :] >= first[:, None], raw, clean)
+            out += mma(b_clean, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
+        return tl.where(o_t[None, :] >= first[:, None], float("nan"), out)
     else:
         out = mma(b_vt, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
         if PIECE:

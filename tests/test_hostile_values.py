@@ -212,3 +212,25 @@ def test_float16_scores_below_range_with_zero_rows():
     short = leettriton.linear_attention(*(x[:, :, :30] for x in (b, c, v)), 0.9, method="lightning_attention")
     out = leettriton.linear_attention(*padded, 0.9, method="lightning_attention")
     assert torch.equal(out[:, :, :30], short), "zero padding changed the rows before it"
+
+
+def test_oracle_chunked_form(monkeypatch):
+    """The oracle's chunked form (its float64 state between chunks, here of 16 rows): a non-finite value at
+    row k leaves rows < k as the clean run gives them, and equal to the dense form's."""
+    import importlib
+
+    oracle = importlib.import_module("leettriton.reference")
+
+    b, c, v = inputs(seed=8)
+    dense = reference(b, c, v, 0.9)
+    monkeypatch.setattr(oracle, "DENSE_MAX_N", 16)
+    monkeypatch.setattr(oracle, "CHUNK", 16)
+    clean = reference(b, c, v, 0.9)
+    torch.testing.assert_close(clean, dense, rtol=1e-12, atol=1e-12)
+    for name in "cv":
+        for k in ROWS:
+            x = {"b": b, "c": c, "v": v}
+            x[name] = poisoned(x[name], k, float("inf"))
+            out = reference(**x, gamma=0.9)
+            check_causal(out, clean, k, f"chunked oracle: inf in {name} at row {k}")
+            assert not torch.isfinite(out[:, 0, k:]).all(), f"chunked oracle: inf in {name} at row {k} vanished"

@@ -61,6 +61,10 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     are differentiated by PyTorch's autograd itself (docs/design.md §10).  γ is a constant: a
     gamma that requires grad raises ``NotImplementedError``.
 
+    Non-finite inputs: row t depends on rows ≤ t only, for any values.  A ±inf or NaN at row k of b, c or
+    v may make rows ≥ k non-finite and leaves rows < k as they would be without it (docs/nonfinite.md,
+    which also gives float16's score range).
+
     Example::
 
         >>> b = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.float16)

@@ -4,6 +4,11 @@ Short sequences use the dense decayed mask, O = (B Cᵀ ⊙ M) V + γ^(t+1) B S�
 long ones a chunked float64 recurrence (dense within a chunk, the float64 state
 between chunks), so a check at n = 100 000 needs memory for one chunk, not n².
 Every decay factor is exp2(λ · distance) with distance ≥ 0, in float64.
+
+Causal for any values (docs/nonfinite.md): masked entries of the decayed scores are selected to
+zero, never multiplied by it, and a non-finite value of v at row k reaches rows ≥ k only
+(:func:`_lower_product`), so a non-finite input at row k leaves every row before k as it would be
+without it.
 """
 from __future__ import annotations
 
@@ -27,6 +32,20 @@ def _gamma64(gamma, heads: int, device) -> Optional[torch.Tensor]:
     return torch.full((heads,), float(gamma), dtype=torch.float64, device=device)
 
 
+def _lower_product(a, x):
+    """``a @ x`` over the last two dims for a lower-triangular ``a`` (entries above the diagonal exactly
+    zero), with row i of the result depending on rows j ≤ i of ``x`` only, for any values.
+
+    A plain product multiplies the zeros above the diagonal by every row of ``x``, and 0 · ±inf is NaN:
+    a non-finite x_k would spoil every row.  Here the product takes ``x`` with its non-finite entries
+    set to zero, and each column's rows from its first non-finite entry on take the plain product (the
+    value the definition gives them, ±inf or NaN)."""
+    bad = ~torch.isfinite(x)
+    clean = a @ torch.where(bad, torch.zeros((), dtype=x.dtype, device=x.device), x)
+    reached = torch.cummax(bad, dim=-2).values
+    return torch.where(reached, a @ x, clean)
+
+
 def _chunk(b, c, v, lam, state):
     """Output of one chunk given the state before it; returns (out, state after). All float64."""
     T = b.shape[2]
@@ -43,10 +62,12 @@ def _chunk(b, c, v, lam, state):
         lam = lam.view(1, -1, 1, 1)
         mask = torch.where(causal, torch.exp2(lam * dist.clamp(min=0)), torch.zeros((), dtype=torch.float64,
                                                                                   device=b.device))
+    # masked (and decayed-away) scores are selected out: 0 · inf would be NaN
         row_decay = torch.exp2(lam * (t + 1).view(1, 1, T, 1))        # γ^(i+1): state seen by row i
         col_decay = torch.exp2(lam * (T - 1 - t).view(1, 1, T, 1))    # γ^(T-1-j): key j at the chunk's end
         total = torch.exp2(lam * T)
-    out = (scores * mask) @ v
+    zero = torch.zeros((), dtype=torch.float64, device=b.device)
+    out = _lower_product(torch.where(mask > 0, scores * mask, zero), v)
     if state is not None:
         out = out + (b * row_decay) @ state
         state = total * state + (c * col_decay).transpose(-1, -2) @ v
@@ -67,6 +88,9 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
     Returns:
         The float64 output in the inputs' layout; with ``return_state=True``,
         ``(output, state)`` with the float64 final state ``(batch, heads, r, d)``.
+
+    Causal for any values: a non-finite input at row k reaches rows ≥ k only, each row that depends on it
+    getting the value the definition gives it (docs/nonfinite.md).
 
     Differentiable: when b, c, v or ``initial_state`` requires grad, autograd records the float64
     computation, so its gradients are the oracle's gradients (γ stays a constant).  Give it float32

@@ -18,6 +18,10 @@ b_t, c_t of B, C and v_t of V, the building blocks are (docs/design.md §3)
     from a state:    O_i += γ^(i+1) b_i S                          S: the state before the block
     state advance:   S'   = γ^T S + Σ_j γ^(T−1−j) c_jᵀ v_j          T: rows of the block
 
+Causal for any values (docs/nonfinite.md): masked and decayed-away scores are selected out, never
+multiplied by zero, and a product of a lower-triangular matrix with values (:func:`_lower_product`)
+lets a non-finite value at row k reach rows ≥ k only.
+
 ``config`` is accepted for the common method signature; the block sizes below
 are fixed (they bound memory, and need no tuning for a reference path).
 """
@@ -83,9 +87,62 @@ def _causal_decay(lam: Optional[torch.Tensor], rows: torch.Tensor, cols: torch.T
 
 
 def _masked_product(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """((b cᵀ) ⊙ mask) v over the last two dims (any leading batch dims)."""
+    """((b cᵀ) ⊙ mask) v over the last two dims (any leading batch dims); ``mask`` lower-triangular.
+
+    Entries where the mask is zero (above the diagonal, or decayed away) are selected out of the
+    scores, so a non-finite c_j reaches rows ≥ j only; the product with v likewise (:func:`_lower_product`).
+    """
     scores = b @ c.transpose(-1, -2)                    # [.., R, r] @ [.., r, K]
-    return scores.mul_(mask) @ v                        # [.., R, K] @ [.., K, d]
+    scores = scores.mul_(mask).masked_fill_(mask == 0, 0.0)
+    return _lower_product(scores, v)                    # [.., R, K] @ [.., K, d]
+
+
+def _lower_product(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``a @ x`` over the last two dims for a square lower-triangular ``a`` (zero above the diagonal), such
+    that a non-finite entry of ``x`` at row k reaches rows ≥ k only, and (backward) a non-finite gradient
+    at row k reaches the gradients of rows ≤ k only.
+
+    A plain product multiplies the zeros above the diagonal by every row of ``x``, and 0 · ±inf is NaN.
+    Here ``x`` enters with its non-finite entries set to zero, and each column's rows from its first
+    non-finite entry on are NaN: elementwise work and no host synchronisation, the product made once.
+    The backward's product with aᵀ is the same in reversed time (:class:`_LowerProduct`).
+    """
+    return _LowerProduct.apply(a, x)
+
+
+def _lower_product_values(a: torch.Tensor, x: torch.Tensor):
+    """(a @ x as :func:`_lower_product` gives it, x with its non-finite entries zeroed, where they were, and the
+    entries set to NaN)."""
+    bad = ~torch.isfinite(x)
+    clean = x.masked_fill(bad, 0.0)
+    reached = torch.cummax(bad, dim=-2).values
+    return (a @ clean).masked_fill(reached, float("nan")), clean, bad, reached
+
+
+class _LowerProduct(torch.autograd.Function):
+    """:func:`_lower_product` with a backward that keeps the mirror rule (docs/nonfinite.md): d(a @ x)/dx is
+    aᵀ g, an upper-triangular product, made as the lower product of a and g both reversed in time."""
+
+    @staticmethod
+    def forward(ctx, a, x):
+        out, _, _, _ = _lower_product_values(a, x)
+        ctx.save_for_backward(a, x)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        # from the saved inputs, so that a backward with create_graph is differentiable in turn
+        a, x = ctx.saved_tensors
+        bad = ~torch.isfinite(x)
+        clean = x.masked_fill(bad, 0.0)
+        g = g.masked_fill(torch.cummax(bad, dim=-2).values, 0.0)   # the entries set to NaN are constants
+        da = dx = None
+        if ctx.needs_input_grad[0]:
+            da = (g @ clean.transpose(-1, -2)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:
+            rev = a.transpose(-1, -2).flip(-1, -2)                       # aᵀ reversed in both dims: lower
+            dx = _lower_product_values(rev, g.flip(-2))[0].flip(-2).masked_fill(bad, 0.0)
+        return da, dx
 
 
 def _from_state(b: torch.Tensor, S: torch.Tensor, lam: Optional[torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
@@ -332,7 +389,8 @@ def fleet_attention_torch(p: Problem, config: Optional[Mapping] = None) -> None:
             g = min(r, k0 + G) - k0
             cv = c[:, :, t0:t0 + m, k0:k0 + g, None] * v[:, :, t0:t0 + m, None, :]   # [B, H, m, g, d]
             carry = S[:, :, k0:k0 + g].reshape(B, H, 1, g * d)
-            y = mask[..., :m, :m] @ cv.view(B, H, m, g * d) + _scale(carry, lam, pos[:m] + 1)   # [m, m] @ [m, g·d]
+            y = _lower_product(mask[..., :m, :m], cv.view(B, H, m, g * d))    # [m, m] @ [m, g·d]
+            y = y + _scale(carry, lam, pos[:m] + 1)
             y = y.view(B, H, m, g, d)
             o += (b[:, :, t0:t0 + m, None, k0:k0 + g] @ y).squeeze(-2)   # [.., 1, g] @ [.., g, d]
             S[:, :, k0:k0 + g] = y[:, :, -1]

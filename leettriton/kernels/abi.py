@@ -224,18 +224,89 @@ def store_tile(ptr, value, rows, cols, stride_row, stride_col, n_rows, n_cols):
 
 @triton.jit
 def masked_product(acc, b_ptr, c_ptr, v_ptr, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
-                   HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, BK: tl.constexpr):
+                   HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, BK: tl.constexpr,
+                   CAUSAL: tl.constexpr = False):
     """acc + ((b_i c_jᵀ) ⊙ M_ij) v_j: the decayed scores of rows ``o_i`` against the keys ``o_j``
-    (M[i, j] = γ^(i−j) for i ≥ j, else 0; b c over r in slices of BK), times those keys' values."""
+    (M[i, j] = γ^(i−j) for i ≥ j, else 0; b c over r in slices of BK), times those keys' values.
+
+    ``CAUSAL``: causal for any values (docs/nonfinite.md), the slow form a kernel takes once its fast
+    result holds a non-finite entry (:func:`any_nonfinite`): the scores where M is zero are selected out,
+    and the product with v is :func:`lower_values_product`.  Without it, a masked score times a
+    non-finite value (0 · inf) is NaN in an earlier row."""
     o_k = tl.arange(0, BK)
     scores = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
     for k0 in range(0, R, BK):
         b_bi = load_tile(b_ptr, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R)
         b_cj = load_tile(c_ptr, o_j, k0 + o_k, c_strides[2], c_strides[3], N, R)
         scores += mma(b_bi, tl.trans(b_cj), DOT_PRECISION)  # [BT, BK] @ [BK, BJ]
-    scores *= causal_decay(lam, o_i, o_j, HAS_DECAY)
+    m = causal_decay(lam, o_i, o_j, HAS_DECAY)
     b_vj = load_tile(v_ptr, o_j, o_v, v_strides[2], v_strides[3], N, D)
-    return acc + mma(scores.to(b_vj.dtype), b_vj, DOT_PRECISION)  # [BT, BJ] @ [BJ, BV]
+    if CAUSAL:
+        scores = tl.where(m > 0.0, scores * m, 0.0)
+    else:
+        scores *= m
+    if b_vj.dtype == tl.float16:
+        # float16 rounds the scores to its range: a tile past it (or all below its normal range) goes in
+        # scaled by a power of two, undone on the float32 product (docs/nonfinite.md)
+        up, down = float16_tile_scale(scores)
+        scores *= up
+    else:
+        down = 1.0
+    if CAUSAL:
+        return acc + lower_values_product(round_to(scores, b_vj.dtype), b_vj, o_i, o_j, DOT_PRECISION) * down
+    return acc + mma(round_to(scores, b_vj.dtype), b_vj, DOT_PRECISION) * down  # [BT, BJ] @ [BJ, BV]
+
+
+FP16_MAX = tl.constexpr(65504.0)
+FP16_MIN_NORMAL = tl.constexpr(2.0 ** -14)
+
+
+@triton.jit
+def float16_tile_scale(x):
+    """(up, down): powers of two for a float32 tile ``x`` about to be rounded to float16, as scalars.
+
+    1 and 1 where the tile's largest finite |entry| m is zero or in float16's normal range [2^-14, 65 504]
+    (the rounding keeps 11 significant bits of every entry near m, and the tile goes in as it is); else
+    ``up`` brings m into [2^14, 2^15) (no overflow, and every entry down to 2^-24 of m keeps its precision)
+    and ``down`` = 1 / ``up`` undoes it on the float32 product.  One reduction of the tile."""
+    a = tl.where(nonfinite(x), 0.0, tl.abs(x))
+    m = tl.max(tl.max(a, axis=1), axis=0)
+    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of m
+    k = tl.minimum(tl.maximum(268 - e, 1), 253)  # biased exponent of 2^(14 − (e − 127))
+    keep = (m == 0.0) | ((m >= FP16_MIN_NORMAL) & (m <= FP16_MAX))
+    up = tl.where(keep, 1.0, (k << 23).to(tl.float32, bitcast=True))
+    down = tl.where(keep, 1.0, ((254 - k) << 23).to(tl.float32, bitcast=True))
+    return up, down
+
+
+@triton.jit
+def nonfinite(x):
+    """Elementwise: whether each entry of ``x`` is ±inf or NaN (x · 0 is 0 exactly when x is finite)."""
+    return (x.to(tl.float32) * 0.0) != 0.0
+
+
+@triton.jit
+def any_nonfinite(x):
+    """Whether the tile ``x`` holds a non-finite entry, as a scalar: one multiply per entry and one sum
+    (NaN exactly when an entry is ±inf or NaN).  A kernel checks its float32 result tile so, once, and
+    only where it holds one takes its slow causal form (docs/nonfinite.md)."""
+    z = tl.sum(tl.sum(x.to(tl.float32) * 0.0, axis=1), axis=0)
+    return z != z
+
+
+@triton.jit
+def lower_values_product(scores, b_v, o_i, o_j, PRECISION: tl.constexpr):
+    """``scores @ v`` ([BT, BJ] @ [BJ, BV]) for scores that are zero wherever key ``o_j`` comes after row
+    ``o_i`` (selected so), such that a non-finite v_j reaches rows i ≥ j only.
+
+    A plain product multiplies those zeros by every v_j, and 0 · ±inf is NaN in the earlier rows.  Here v
+    enters with its non-finite entries set to zero, and each value column's rows from its first non-finite
+    entry on are NaN (the definition gives them ±inf or NaN): one product, as the fast form's.
+    """
+    bad = nonfinite(b_v)
+    first = tl.min(tl.where(bad, o_j[:, None], 2147483647), axis=0)  # [BV]: the first key with a non-finite v
+    clean = mma(scores, tl.where(bad, 0.0, b_v).to(b_v.dtype), PRECISION)  # [BT, BJ] @ [BJ, BV]
+    return tl.where(o_i[:, None] >= first[None, :], float("nan"), clean)
 
 
 @triton.jit

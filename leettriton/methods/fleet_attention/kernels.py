@@ -86,7 +86,8 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import batch_head, causal_decay, decay, head_log2_gamma, head_ptrs, mma, problem_args, round_to
+from ...kernels.abi import (any_nonfinite, batch_head, causal_decay, decay, float16_tile_scale, head_log2_gamma,
+                            head_ptrs, mma, nonfinite, problem_args, round_to)
 from ...kernels.segments import segment_start_states
 
 _KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION"]
@@ -99,7 +100,7 @@ def _operand(x, IN_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _decayed_sum(b_l, b_c, b_v, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr):
     """L @ (c ⊙ v) for one rank column ``b_c`` [BT] and the block's values ``b_v`` [BT, BV].
 
     c ⊙ v is exact in float32 (a product of two 16-bit values has at most 22 significant bits).
@@ -110,14 +111,54 @@ def _decayed_sum(b_l, b_c, b_v, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.conste
     cancel to far below its terms, would add those errors up (r = 212 gave 9e-3 of an output 0.28
     made of terms of size 1).  L's rounding, the same for every rank, errs in proportion to the
     scores themselves, as the chunked kernels' rounded decayed scores do.
+
+    ``CAUSAL`` (the slow form, taken by a block whose output is not finite, docs/nonfinite.md): L's zeros
+    above the diagonal times a non-finite c_j v_j would be NaN in rows i < j, so c ⊙ v enters with its
+    non-finite entries set to zero, and each value column's rows from its first non-finite entry on are
+    NaN (the definition gives them ±inf or NaN); for float16 a tile of c ⊙ v past float16's range goes in
+    scaled.
     """
     b_x = b_c.to(tl.float32)[:, None] * b_v.to(tl.float32)
+    if CAUSAL:
+        if IN_DTYPE == tl.float16:
+            # float16's hi part of c ⊙ v overflows past 65 504 (c, v ≈ 300): in the slow form a tile past
+            # float16's range goes in scaled by a power of two, undone on the float32 product
+            up, down = float16_tile_scale(b_x)
+            b_x = b_x * up
+        else:
+            down = 1.0
+        bad = nonfinite(b_x)
+        first = tl.min(tl.where(bad, o_r[:, None], 2147483647), axis=0)  # [BV]: each column's first non-finite row
+        clean = _split_product(b_l, tl.where(bad, 0.0, b_x), IN_DTYPE, DOT_PRECISION)
+        return tl.where(o_r[:, None] >= first[None, :], float("nan"), clean * down)
+    return _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION)
+
+
+@triton.jit
+def _split_product(b_l, b_x, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """L @ x for float32 x: 16-bit inputs as two operands of their dtype, hi and lo (:func:`_decayed_sum`)."""
     if IN_DTYPE != tl.float32:
         b_hi = round_to(b_x, IN_DTYPE)
         b_lo = round_to(b_x - b_hi.to(tl.float32), IN_DTYPE)
         return mma(b_l, b_hi, DOT_PRECISION) + mma(b_l, b_lo, DOT_PRECISION)   # [BT, BT] @ [BT, BV], twice
     else:
         return mma(b_l, b_x, DOT_PRECISION)                                     # [BT, BT] @ [BT, BV]
+
+
+@triton.jit
+def _block_out(b_l, b_first, b_v, p_b, p_c, p_ws, o_t, m_t, o_r, o_v, m_v, stride_bn, stride_bk, stride_cn, stride_ck,
+               D, R, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr,
+               BV: tl.constexpr):
+    """The block's float32 [BT, BV] output: Σ_k b[:, k] ⊙ (L @ (c[:, k] ⊙ v) + γ^(i+1) carry_k)."""
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    for k in range(0, R):
+        b_c = tl.load(p_c + o_t * stride_cn + k * stride_ck, mask=m_t, other=0.0)
+        b_b = tl.load(p_b + o_t * stride_bn + k * stride_bk, mask=m_t, other=0.0).to(tl.float32)
+        b_carry = tl.load(p_ws + k * D + o_v, mask=m_v, other=0.0)
+        b_h = _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE, DOT_PRECISION, CAUSAL)
+        b_h += b_first[:, None] * b_carry[None, :]
+        acc += b_b[:, None] * b_h
+    return acc
 
 
 @autotune(spaces.FWD, key=_KEY, restore_value=["ws_ptr"])
@@ -163,14 +204,13 @@ def _fleet_attention_fwd_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         b_v = _operand(tl.load(p_v + o_t[:, None] * stride_vn + o_v[None, :] * stride_vd, mask=m_tv, other=0.0),
                        IN_DTYPE)
-        acc = tl.zeros([BT, BV], dtype=tl.float32)
-        for k in range(0, R):
-            b_c = tl.load(p_c + o_t * stride_cn + k * stride_ck, mask=m_t, other=0.0)
-            b_b = tl.load(p_b + o_t * stride_bn + k * stride_bk, mask=m_t, other=0.0).to(tl.float32)
-            b_carry = tl.load(p_ws + k * D + o_v, mask=m_v, other=0.0)
-            b_h = _decayed_sum(b_l, b_c, b_v, IN_DTYPE, DOT_PRECISION)
-            b_h += b_first[:, None] * b_carry[None, :]
-            acc += b_b[:, None] * b_h
+        acc = _block_out(b_l, b_first, b_v, p_b, p_c, p_ws, o_t, m_t, o_r, o_v, m_v, stride_bn, stride_bk, stride_cn,
+                         stride_ck, D, R, IN_DTYPE, DOT_PRECISION, False, BT, BV)
+        # a non-finite entry: the block again in the causal form, so that a non-finite c or v reaches later
+        # rows only (docs/nonfinite.md); one check per block on other inputs
+        if any_nonfinite(acc):
+            acc = _block_out(b_l, b_first, b_v, p_b, p_c, p_ws, o_t, m_t, o_r, o_v, m_v, stride_bn, stride_bk,
+                             stride_cn, stride_ck, D, R, IN_DTYPE, DOT_PRECISION, True, BT, BV)
         tl.store(p_o + o_t[:, None] * stride_on + o_v[None, :] * stride_od, round_to(acc, o_ptr.dtype.element_ty),
                  mask=m_tv)
         # the carries for the next block, BK ranks at a time: S ← γ^BT S + cᵀ (w ⊙ v).  The decay

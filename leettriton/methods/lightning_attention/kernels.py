@@ -75,8 +75,9 @@ from ...autotune.families import current_family, is_interpreting
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.pieces import in_r_pieces
-from ...kernels.abi import (batch_head, causal_decay, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part,
-                            mma, pow2_at_least_16, problem_args, reversed_rows, round_to, store_tile, strides,
+from ...kernels.abi import (FP16_MAX, FP16_MIN_NORMAL, any_nonfinite, batch_head, causal_decay, decay,
+                            float16_tile_scale, head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part, mma,
+                            nonfinite, pow2_at_least_16, problem_args, reversed_rows, round_to, store_tile, strides,
                             two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
@@ -252,6 +253,49 @@ def _add_update(s, g_chunk, b_vd, b_vdt, c, PRECISION: tl.constexpr, TWO_PART: t
 
 
 @triton.jit
+def _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL: tl.constexpr, PIECE: tl.constexpr,
+                         PRECISION: tl.constexpr):
+    """vᵀ scoresᵀ for one chunk: [BV, BT] @ [BT, BT], ``b_at`` the masked decayed scoresᵀ (float32, entry [j, i])
+    and ``b_att`` the same rounded to v's dtype; with ``PIECE`` what the rounding dropped as a second product.
+
+    ``CAUSAL`` (the walk's slow form, docs/nonfinite.md): zero scores (masked or decayed away) times a
+    non-finite v_j would be NaN in rows i < j, so v enters with its non-finite entries set to zero, and each
+    value column's rows from its first non-finite entry on are NaN (the definition gives them ±inf or NaN)."""
+    if PIECE:
+        b_lo = low_part(b_at, b_att, b_vt.dtype)
+    if CAUSAL:
+        bad = nonfinite(b_vt)
+        first = tl.min(tl.where(bad, o_t[None, :], 2147483647), axis=1)  # [BV]: each column's first non-finite row
+        b_clean = tl.where(bad, 0.0, b_vt).to(b_vt.dtype)
+        out = mma(b_clean, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
+        if PIECE:
+            out += mma(b_clean, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
+        return tl.where(o_t[None, :] >= first[:, None], float("nan"), out)
+    else:
+        out = mma(b_vt, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
+        if PIECE:
+            # a piece of a wider r: its scores are partial sums over its keys, which may cancel between
+            # pieces, so what their rounding dropped goes in as a second product (kernels/pieces.py)
+            out += mma(b_vt, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
+        return out
+
+
+@triton.jit
+def _state_nonfinite(s0, s1, s2, s3, NK: tl.constexpr):
+    """Whether the state tiles s0..s3 (those past NK unused) hold a non-finite entry, as a scalar.
+
+    Every non-finite entry of c or v in a walked row reaches the state (a product with ±inf or NaN is never
+    finite, and a non-finite state stays so: its decay is positive or zero), so a walk whose final state is
+    finite met none, and its outputs are those of the causal form (docs/nonfinite.md)."""
+    bad = any_nonfinite(s0)
+    if NK >= 2:
+        bad = bad | any_nonfinite(s1)
+    if NK >= 4:
+        bad = bad | any_nonfinite(s2) | any_nonfinite(s3)
+    return bad
+
+
+@triton.jit
 def _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start, HAS_DECAY: tl.constexpr,
                 HAS_INITIAL: tl.constexpr, PREFIX: tl.constexpr, NK: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """The state before the walk's first row, as the r tiles s0..s3 of Sᵀ (those past NK unused).
@@ -296,9 +340,14 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
                  stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an,
                  stride_ad, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, TWO_PART: tl.constexpr,
                  PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, NK: tl.constexpr,
-                 MODE: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                 MODE: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Walk rows t_start … t_end − 1 from the state tiles s0..s3, writing their outputs; returns the state
     after them and whether float16's check failed (``bad``, a scalar; always 0 unless MODE is 1).
+
+    ``CAUSAL``: the slow form, causal for any values (docs/nonfinite.md), walked again by a program whose
+    first walk ended with a non-finite state (:func:`_state_nonfinite`) or, for float16, met scores out of
+    float16's range (``out_of_range``, returned last: the slow form scales such chunks' score tiles); the
+    state it carries is the same.
 
     ``MODE``: 0, the state operand rounded as it is (bfloat16, float32); 1, float16 checked: rounded as it
     is, each row's copy checked (:func:`_float16_row_check`); 2, float16 scaled: each row of the operand
@@ -312,6 +361,12 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
     # reduction), else from the float32 tiles, which cost less to reduce than two copies (docs/design.md §2.3)
     FROM_COPY: tl.constexpr = NK == 1
     bad = tl.zeros([BV], dtype=tl.int32)
+    # float16's score range (docs/nonfinite.md): each key's largest decayed score in each chunk, kept as the
+    # largest over chunks and whether it was nonzero and below float16's normal range in some chunk (a tile
+    # all below it, or past 65 504, sends the program round again, its tiles scaled where they need it)
+    F16: tl.constexpr = p_b.dtype.element_ty == tl.float16
+    key_max = tl.zeros([BT], dtype=tl.float32)
+    key_low = tl.zeros([BT], dtype=tl.int32)
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
         if MODE == 2:
@@ -367,13 +422,26 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
             b_ot = b_ot * down[:, None] * row_decay[None, :]
         else:
             b_ot = b_ot * row_decay[None, :]
-        b_at = b_at * m_intra_t
-        b_att = round_to(b_at, b_vt.dtype)
-        b_ot += mma(b_vt, b_att, DOT_PRECISION)  # [BV, BT] @ [BT, BT]
-        if PIECE:
-            # a piece of a wider r: its scores are partial sums over its keys, which may cancel between
-            # pieces, so what their rounding dropped goes in as a second product (kernels/pieces.py)
-            b_ot += mma(b_vt, low_part(b_at, b_att, b_vt.dtype), DOT_PRECISION)  # [BV, BT] @ [BT, BT]
+        if CAUSAL:
+            # masked and decayed-away scores selected out: a non-finite c_j reaches rows i ≥ j only
+            b_at = tl.where(m_intra_t > 0.0, b_at * m_intra_t, 0.0)
+        else:
+            b_at = b_at * m_intra_t
+        if F16 and CAUSAL:
+            # a tile past float16's range (or all below its normal range) scaled by a power of two, undone
+            # on the float32 product; a tile within it as it is
+            up, down = float16_tile_scale(b_at)
+            b_at = b_at * up
+            b_att = round_to(b_at, b_vt.dtype)
+            b_ot += _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION) * down
+        else:
+            if F16:
+                m_key = tl.max(tl.abs(b_at), axis=1)  # [BT]: each key's largest score in this chunk
+                key_max = tl.maximum(key_max, m_key)
+                # a key's row of zeros (padding, or no row) is neither low nor seen
+                key_low = tl.maximum(key_low, ((m_key > 0.0) & (m_key < FP16_MIN_NORMAL)).to(tl.int32))
+            b_att = round_to(b_at, b_vt.dtype)
+            b_ot += _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION)
         if ACC:
             b_ot += b_acc
         store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
@@ -395,7 +463,15 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
         p_v += BT * stride_vn
         p_o += BT * stride_on
         p_a += BT * stride_an
-    return s0, s1, s2, s3, tl.max(bad, axis=0)
+    # out of float16's range: a score past 65 504, or (a necessary condition for a tile all below 2^-14, rows of
+    # zeros aside) every key with a nonzero score in some chunk below 2^-14 in some chunk
+    if F16:
+        top = tl.max(key_max, axis=0)
+        low = tl.min(tl.where(key_max > 0.0, key_low, 1), axis=0)
+        out_of_range = (top > FP16_MAX) | ((low > 0) & (top > 0.0))
+    else:
+        out_of_range = False
+    return s0, s1, s2, s3, tl.max(bad, axis=0), out_of_range
 
 
 # The chunk walk's body; ``chunk_walk_kernel`` compiles it, one instance per method.
@@ -486,11 +562,23 @@ def _chunk_walk_fwd_kernel(
 
     s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
                                  HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
-    s0, s1, s2, s3, bad = _walk_chunks(
+    s0, s1, s2, s3, bad, out_of_range = _walk_chunks(
         s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
         stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-        acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, BT, BK,
-        BV)
+        acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, False,
+        BT, BK, BV)
+    # a non-finite c or v in the walked rows made the state non-finite, and may have reached earlier rows of
+    # its chunk through a zero score (0 · inf): the program walks its rows again in the causal form, its
+    # outputs written over (docs/nonfinite.md); so does one whose float16 scores left float16's range.  Other
+    # inputs pay this one check of the final state (and float16's of its score range)
+    if _state_nonfinite(s0, s1, s2, s3, NK) | out_of_range:
+        s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
+                                     HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
+        s0, s1, s2, s3, bad, _ = _walk_chunks(
+            s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
+            stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
+            acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, True,
+            BT, BK, BV)
     if MODE == 1:
         tl.store(flag_ptr + pid, bad)
         if bad != 0:

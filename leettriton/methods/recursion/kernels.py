@@ -67,8 +67,8 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import (batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, masked_product, mma,
-                            problem_args, store_tile)
+from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
+                            masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state, segment_local_states
 
 
@@ -97,6 +97,20 @@ def _recursion_level_kernel(
     tl.store(p_right, b_left + b_right, mask=m_e)
 
 
+@triton.jit
+def _leaf_tile(p_b, p_c, p_v, b_strides, c_strides, v_strides, leaf, i_t, o_i, o_v, lam, N, R, D, LEAF,
+               HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr,
+               BJ: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The leaf's dense share of the [BT, BV] output tile of rows ``o_i`` (``CAUSAL``: as
+    :func:`masked_product`'s)."""
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    for j0 in range(leaf * LEAF, (i_t + 1) * BT, BJ):
+        o_j = j0 + tl.arange(0, BJ)
+        acc = masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
+                             HAS_DECAY, DOT_PRECISION, BK, CAUSAL)
+    return acc
+
+
 @autotune(spaces.FWD, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["N", "NS", "LEAF", "LEVELS"])
 def _recursion_fwd_kernel(
@@ -114,13 +128,14 @@ def _recursion_fwd_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     leaf = (i_t * BT) // LEAF
-    acc = tl.zeros([BT, BV], dtype=tl.float32)
-
-    # the leaf: dense decayed product over its key blocks up to the tile's last row
-    for j0 in range(leaf * LEAF, (i_t + 1) * BT, BJ):
-        o_j = j0 + tl.arange(0, BJ)
-        acc = masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
-                             HAS_DECAY, DOT_PRECISION, BK)
+    # the leaf: dense decayed product over its key blocks up to the tile's last row; where it holds a
+    # non-finite entry, again in the causal form, so that a non-finite value reaches later rows only
+    # (docs/nonfinite.md): one check per tile on other inputs
+    acc = _leaf_tile(p_b, p_c, p_v, b_strides, c_strides, v_strides, leaf, i_t, o_i, o_v, lam, N, R, D, LEAF,
+                     HAS_DECAY, DOT_PRECISION, False, BT, BJ, BK, BV)
+    if any_nonfinite(acc):
+        acc = _leaf_tile(p_b, p_c, p_v, b_strides, c_strides, v_strides, leaf, i_t, o_i, o_v, lam, N, R, D, LEAF,
+                         HAS_DECAY, DOT_PRECISION, True, BT, BJ, BK, BV)
 
     # the levels: bit l of the leaf index set means the tile lies in the right half of a
     # segment at level l, whose left state sits in slot (first leaf of that half) − 1; row i

@@ -18,11 +18,36 @@ from ..spec import Plan
 from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
-from ...kernels.abi import (batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile, masked_product, mma,
-                            problem_args, store_tile)
+from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
+                            masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"]
+
+
+@triton.jit
+def _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i, o_v, lam,
+                  N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  CAUSAL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The float32 [BT, BV] output tile of rows ``o_i``, value columns ``o_v`` (``CAUSAL``: as
+    :func:`masked_product`'s)."""
+    o_k = tl.arange(0, BK)
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    # key tiles strictly below the diagonal tile and the diagonal tile itself
+    for j0 in range(0, (i_t + 1) * BT, BT):
+        o_j = j0 + tl.arange(0, BT)
+        acc = masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
+                             HAS_DECAY, DOT_PRECISION, BK, CAUSAL)
+
+    if HAS_INITIAL:
+        # γ^(i+1) b_i S₀: the initial state as seen by row i
+        p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
+        row_decay = decay(lam, o_i + 1, HAS_DECAY)
+        for k0 in range(0, R, BK):
+            b_bi = load_tile(p_b, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R).to(tl.float32)
+            b_s = load_tile(p_s0, k0 + o_k, o_v, s0_strides[2], s0_strides[3], R, D)
+            acc += mma(b_bi * row_decay[:, None], b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+    return acc
 
 
 @autotune(spaces.FWD, key=_KEY)
@@ -44,22 +69,13 @@ def _vanilla_fwd_kernel(
 
     o_i = i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
-    acc = tl.zeros([BT, BV], dtype=tl.float32)
-    # key tiles strictly below the diagonal tile and the diagonal tile itself
-    for j0 in range(0, (i_t + 1) * BT, BT):
-        o_j = j0 + tl.arange(0, BT)
-        acc = masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v, lam, N, R, D,
-                             HAS_DECAY, DOT_PRECISION, BK)
-
-    if HAS_INITIAL:
-        # γ^(i+1) b_i S₀: the initial state as seen by row i
-        p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
-        row_decay = decay(lam, o_i + 1, HAS_DECAY)
-        for k0 in range(0, R, BK):
-            b_bi = load_tile(p_b, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R).to(tl.float32)
-            b_s = load_tile(p_s0, k0 + o_k, o_v, s0_strides[2], s0_strides[3], R, D)
-            acc += mma(b_bi * row_decay[:, None], b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+    acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i, o_v,
+                        lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, False, BT, BK, BV)
+    # a non-finite entry: the tile again in the causal form, so that a non-finite value reaches later rows
+    # only (docs/nonfinite.md); one check per tile on other inputs
+    if any_nonfinite(acc):
+        acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i,
+                            o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, True, BT, BK, BV)
     store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 

@@ -139,7 +139,8 @@ def test_vllm_mixed_batch_decodes_first(dims, transposed):
     meta = VllmLinearAttentionMetadata(npf, sum(prefill_lens), nd, nd, qsl, seq_lens, table[:, 0])
     assert not meta.state_indices_tensor.is_contiguous()
     pool = pool_of(H, r, d, seed=2, transposed=transposed)
-    ref_pool = pool.clone()
+    assert transposed == (not pool.is_contiguous())
+    ref_pool = pool.clone(memory_format=torch.contiguous_format)  # the reference runs on a [K, V] pool
     before = pool.clone()
 
     out = serving.vllm_forward(b, c, v, pool, meta, GAMMA)
@@ -263,7 +264,7 @@ def test_sglang_mixed_batch_prefills_first(dims, transposed):
                                        q_lengths=qsl.diff(), track_ssm_final_src=ids([3]),
                                        track_ssm_final_dst=ids([10]))
     pool = pool_of(H, r, d, seed=14, transposed=transposed)
-    ref_pool, before = pool.clone(), pool.clone()
+    ref_pool, before = pool.clone(memory_format=torch.contiguous_format), pool.clone()  # reference: [K, V]
 
     out = serving.sglang_forward(b, c, v, pool, meta, GAMMA)
 

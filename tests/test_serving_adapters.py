@@ -321,3 +321,34 @@ def test_sglang_mid_sequence_tracking_is_refused():
     with pytest.raises(NotImplementedError, match="track_ssm_h_src / track_ssm_h_dst.*mid-sequence checkpoints"):
         serving.sglang_forward(b, c, v, pool, meta, GAMMA)
     assert torch.equal(pool, before)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def test_adapters_read_no_tensor_value_on_the_host(monkeypatch):
+    """No device sync: with the default check_indices=False nothing reads a tensor's value on the host
+    (item, tolist, bool, int, float), from the first call on, on the kernel path (run here by the interpreter)."""
+    H, r, d = 2, 16, 16
+    b, c, v = tokens(9, H, r, d, seed=19)
+    table = torch.full((4, 2), 99, dtype=torch.int32, device=DEVICE)
+    table[:, 0] = ids([3, 1, 6, 8])
+    meta = VllmLinearAttentionMetadata(2, 7, 2, 2, ids([0, 1, 2, 5, 9]), ids([4, 2, 3, 6]), table[:, 0])
+    spec = VllmGDNSpecMetadata(0, 0, 0, 0, 3, 9, 9, num_accepted_tokens=ids([3, 1, 1]),
+                               spec_state_indices_tensor=ids([[0, 1, 2], [4, 5, 7], [-1, -1, -1]]))
+    sg = SglangBailingLinearMetadata(query_start_loc=ids([0, 7]), mamba_cache_indices=ids([2, 9, -1]), num_prefills=1,
+                                     num_prefill_tokens=7, num_decodes=2, batch_size=3,
+                                     has_initial_states=torch.tensor([True, True, True], device=DEVICE),
+                                     q_lengths=ids([7]), track_ssm_final_src=ids([2]), track_ssm_final_dst=ids([10]))
+    pool = pool_of(H, r, d, seed=20)
+    runs = ((meta, serving.vllm_forward), (spec, serving.vllm_spec_decode), (sg, serving.sglang_forward))
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a tensor value was read on the host")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    for meta_, run in runs:
+        run(b, c, v, pool, meta_, GAMMA)
+        with pytest.raises(AssertionError, match="on the host"):  # the value checks do read: the guard works
+            run(b, c, v, pool, meta_, GAMMA, check_indices=True)

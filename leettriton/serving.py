@@ -80,9 +80,11 @@ def _field(metadata, name: str, required: bool = True):
 
 def _count(metadata, name: str) -> int:
     value = _field(metadata, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TypeError(f"metadata.{name} must be a host int ≥ 0 (the engines keep it on the host), got "
-                        f"{value!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"metadata.{name} must be a host int (the engines keep it on the host), got "
+                        f"{type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"metadata.{name} must be ≥ 0, got {value}")
     return value
 
 
@@ -103,7 +105,7 @@ def _output(out, T: int, heads: int, d: int, dtype, device):
 
 def _slots_1d(name: str, slots: torch.Tensor) -> torch.Tensor:
     """A slot-id tensor as ``(batch,)``: vLLM's Mamba metadata keeps decode slots as ``(batch, 1 + num_spec)``
-    of which column 0 is the running state; its view is strided, which the calls accept."""
+    of which column 0 is the running state (a strided view, made dense by :func:`_ids` before a call)."""
     if not isinstance(slots, torch.Tensor):
         raise TypeError(f"metadata.{name} must be an integer torch.Tensor, got {type(slots).__name__}")
     if slots.dim() == 2:
@@ -179,12 +181,16 @@ def commit_accepted(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: to
         num_accepted_tokens: ``(batch,)`` integers in [0, k]: tokens whose update is kept (vLLM
             ``GDNAttentionMetadata.num_accepted_tokens`` counts the bonus token, so it is ≥ 1).
     """
+    for name, x in (("state_pool", state_pool), ("slot_ids", slot_ids), ("states", states),
+                    ("num_accepted_tokens", num_accepted_tokens)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if states.dim() != 5 or states.shape[0] != slot_ids.shape[0] or num_accepted_tokens.shape != slot_ids.shape:
         raise ValueError(f"states must be (batch, heads, k + 1, r, d) and num_accepted_tokens (batch,) with "
                          f"batch = len(slot_ids) = {slot_ids.shape[0]}, got states {tuple(states.shape)} and "
                          f"num_accepted_tokens {tuple(num_accepted_tokens.shape)}")
     B, H, K1, r, d = states.shape
-    at = num_accepted_tokens.long().clamp(0, K1 - 1).view(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
+    at = num_accepted_tokens.long().clamp(0, K1 - 1).reshape(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
     _scatter_states(state_pool, slot_ids, states.gather(2, at).squeeze(2))
 
 
@@ -310,7 +316,7 @@ def vllm_spec_decode(b, c, v, state_pool, metadata, gamma=None, *, out=None, che
     o = _output(out, B * K, H, d, v.dtype, v.device)
     if B == 0:
         return o
-    start = spec.gather(1, (accepted.long() - 1).clamp(0, K - 1).view(B, 1)).squeeze(1)
+    start = spec.gather(1, (accepted.long() - 1).clamp(0, K - 1).reshape(B, 1)).squeeze(1)
     rows = lambda x: x.unflatten(0, (B, K)).transpose(1, 2)  # noqa: E731  (B, H, k, dim), a view
     part, _, kept = decode_tokens(rows(b), rows(c), rows(v), state_pool, gamma, slot_ids=_ids(start), keep_states=True,
                                   check_slots=check_indices)

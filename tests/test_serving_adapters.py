@@ -352,3 +352,26 @@ def test_adapters_read_no_tensor_value_on_the_host(monkeypatch):
         run(b, c, v, pool, meta_, GAMMA)
         with pytest.raises(AssertionError, match="on the host"):  # the value checks do read: the guard works
             run(b, c, v, pool, meta_, GAMMA, check_indices=True)
+
+
+def test_bad_arguments_are_named():
+    H, r, d = 2, 16, 16
+    b, c, v = tokens(3, H, r, d, seed=21)
+    pool = pool_of(H, r, d, seed=22)
+    meta = SglangBailingLinearMetadata(query_start_loc=ids([0, 2]), mamba_cache_indices=ids([1]), num_prefills=1,
+                                       num_prefill_tokens=2, num_decodes=1, batch_size=2,
+                                       has_initial_states=torch.ones(2, dtype=torch.bool, device=DEVICE),
+                                       q_lengths=ids([2]))
+    with pytest.raises(ValueError, match="mamba_cache_indices must have at least 2"):
+        serving.sglang_forward(b, c, v, pool, meta, GAMMA)
+    meta.mamba_cache_indices = ids([1, 4])
+    with pytest.raises(ValueError, match=r"out must be \(3, 2, 16\)"):
+        serving.sglang_forward(b, c, v, pool, meta, GAMMA, out=torch.empty(3, H, d + 1, device=DEVICE))
+    with pytest.raises(ValueError, match="num_prefills must be ≥ 0"):
+        serving.vllm_forward(b, c, v, pool, VllmLinearAttentionMetadata(-1, 0, 3, 3, ids([0, 1, 2, 3]), ids([1] * 3),
+                                                                         ids([0, 1, 2])), GAMMA)
+    with pytest.raises(TypeError, match="num_accepted_tokens must be a torch.Tensor"):
+        serving.commit_accepted(pool, ids([0]), torch.zeros(1, H, 2, r, d, device=DEVICE), [1])
+    with pytest.raises(ValueError, match="spec_state_indices_tensor must be a 2-D tensor"):
+        serving.vllm_spec_decode(b, c, v, pool, VllmGDNSpecMetadata(0, 0, 0, 0, 3, 3, 3, num_accepted_tokens=ids([1]),
+                                                                    spec_state_indices_tensor=ids([0, 1, 2])), GAMMA)

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .problem import check_bool, make_problem, to_bhnd as _bhnd
+from .problem import check_bool, log2_gamma64, make_problem, to_bhnd as _bhnd
 
 __all__ = ["reference"]
 
@@ -103,7 +103,7 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
     dev = torch.device(device) if device is not None else p.v.device
     lam = None
     if p.gamma is not None:
-        lam = torch.log2(_gamma64(gamma, H, dev))
+        lam = log2_gamma64(_gamma64(gamma, H, dev))   # NaN outside (0, 1], as every path (§2.6)
     state = None if initial_state is None else initial_state.to(device=dev, dtype=torch.float64)
     out = torch.empty((B, H, n, d), dtype=torch.float64, device=dev)
     step = max(n, 1) if n <= DENSE_MAX_N else CHUNK

@@ -89,7 +89,8 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
         naming it).
 
     Uses two all-gathers of the group (``torch.distributed``: NCCL for CUDA tensors, gloo for CPU
-    tensors) and one host synchronisation (the metadata check); the backward one more all-gather.
+    tensors) and one host synchronisation (the metadata check, which waits for the metadata's gather but
+    not for this rank's state pass: docs/design.md §11.3); the backward one more all-gather.
 
     Autograd (docs/design.md §11.4): when the inputs (b, c, v, ``initial_state``) of **any** rank
     require grad, the output and state of **every** rank carry the backward node, and the backward
@@ -142,8 +143,9 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     rows = [torch.empty_like(meta) for _ in range(world)]
     meta_work = dist.all_gather(rows, meta, group=group, async_op=True)
     local, output_pass = local_pass(p, name) if error is None else (None, None)   # 2. the state-only pass
-    meta_work.wait()
-    lengths, differentiable = _check_agreement(torch.stack(rows).cpu().tolist(), error)   # the one host sync
+    # the one host sync: it waits for the metadata's gather only, never for the state pass just queued, so
+    # the states' gather and the output pass are queued behind the state pass while it runs (§11.3)
+    lengths, differentiable = _check_agreement(_read_rows(rows, meta_work), error)
 
     scan = _Scan(dist, group, comm, rank, lengths, p.shape, name, gamma, p.gamma, layout, precision, return_state)
     if not differentiable:
@@ -343,7 +345,49 @@ def _metadata(p: Problem, name: str, layout: str, grad: int, has_initial: bool) 
     weights = torch.arange(1, H + 1, dtype=torch.float64, device=g.device)
     checks = torch.stack([g.sum(), (g * weights).sum()]) if H else torch.zeros(2, dtype=torch.float64,
                                                                                   device=g.device)
-    return torch.cat([torch.tensor(ints, dtype=torch.int64, device=g.device), checks.view(torch.int64)])
+    return torch.cat([_host_to(torch.tensor(ints, dtype=torch.int64), g.device), checks.view(torch.int64)])
+
+
+def _host_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The host tensor ``t`` on ``device`` without a host synchronisation: a CUDA copy goes through pinned
+    memory, asynchronously on the current stream (a copy from pageable memory would wait for the stream
+    to drain, docs/design.md §11.3); other devices copy as usual."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _read_rows(rows: Sequence[torch.Tensor], work) -> list:
+    """The gathered metadata rows as lists of Python ints, once their all-gather (``work``) is complete.
+
+    On CUDA the rows are read on a side stream that waits for the gather alone, not on the current
+    stream: the state pass queued there after the gather was launched keeps running while the host
+    compares the rows and queues the next launches (docs/design.md §11.3)."""
+    device = rows[0].device
+    if device.type != "cuda":
+        work.wait()
+        return torch.stack(rows).tolist()
+    side = _side_stream(device)
+    with torch.cuda.stream(side):
+        work.wait()                                 # the side stream waits for the gather
+        gathered = torch.stack(rows)
+        host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+        host.copy_(gathered, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()           # the host waits for the side stream only (then its reads of rows are done)
+    return host.tolist()
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    """One CUDA stream per device for the metadata's host read."""
+    stream = _SIDE_STREAMS.get(device.index)
+    if stream is None:
+        stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
+    return stream
 
 
 def _describe(field: str, value: int) -> str:
@@ -498,7 +542,7 @@ def combine_states(states: torch.Tensor, lengths: Sequence[int], gamma: Optional
     if upto == 0:
         return torch.zeros_like(states[0])
     ends = torch.tensor(lengths[:upto], dtype=torch.float64).cumsum(0)              # s_{j+1}, j < upto
-    distance = (ends[-1] - ends).to(states.device)                                # ≥ 0
+    distance = _host_to(ends[-1] - ends, states.device)                           # ≥ 0
     if gamma is None:
         weights = torch.ones(upto, states.shape[2], dtype=torch.float32, device=states.device)
     else:
@@ -540,6 +584,6 @@ def combine_state_grads(start_grads: torch.Tensor, lengths: Sequence[int], gamma
     if gamma is None:
         return grads.sum(0)
     lam = log2_gamma64(gamma, grads.device)
-    dist = torch.tensor(distance, dtype=torch.float64, device=grads.device)                  # ≥ 0
+    dist = _host_to(torch.tensor(distance, dtype=torch.float64), grads.device)               # ≥ 0
     weights = torch.exp2(dist[:, None] * lam[None, :]).float()                                 # [later, H]
     return torch.einsum("kh,kbhrd->bhrd", weights, grads)

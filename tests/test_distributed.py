@@ -483,3 +483,85 @@ def test_the_submodule_is_reached_as_an_attribute_of_the_package():
     code = "import leettriton; print(leettriton.distributed.linear_attention.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "leettriton.distributed"
+
+
+def _critical_path_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    """One forward and backward with the passes, collectives and host reads recorded in order."""
+    import traceback
+
+    import torch.distributed as dist
+
+    sp = leettriton.distributed
+    log = []
+
+    def recorded(what, fn, on_return=False):
+        def wrapper(*args, **kwargs):
+            if not on_return:
+                log.append(what)
+            result = fn(*args, **kwargs)
+            if on_return:
+                log.append(what)
+            return result
+        return wrapper
+
+    def host_read(name):
+        real = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            log.append(("host read", name, "".join(traceback.format_stack(limit=4)[:-1])))
+            return real(self, *args, **kwargs)
+        return wrapper
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    case = SPCase("critical-path", {2: (23, 17)}, gamma=0.8, initial=True, B=1, r=4, d=6, seed=7)
+    b, c, v, gamma, s0 = case.inputs(world)
+    rows = case.rows(world, rank)
+    leaves = [x[:, :, rows].clone().requires_grad_() for x in (b, c, v)]
+    sp.local_pass = recorded("state pass", sp.local_pass)
+    sp._read_rows = recorded("metadata read", sp._read_rows, on_return=True)   # its own read comes before
+    dist.all_gather = recorded("all-gather", dist.all_gather)
+    for name in ("tolist", "item", "cpu", "numpy"):
+        setattr(torch.Tensor, name, host_read(name))
+    out, state = sp.linear_attention(*leaves, gamma, method=case.method, initial_state=s0, return_state=True)
+    log.append("returned")
+    (out.sum() + state.sum() * (rank == 0)).backward()
+    log.append("backward done")
+    torch.save({"log": log, "out": out.detach(), "state": state.detach(), "grads": [x.grad for x in leaves]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_no_host_read_between_the_metadata_check_and_the_results():
+    """The one host read of a call is the metadata's, made after the state pass is queued; from there to the
+    output pass and through the backward nothing is read back to the host (docs/design.md §11.3), and the
+    instrumented call still gives the oracle's results."""
+    world = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(_critical_path_worker, args=(world, os.path.join(tmp, "store"), tmp),
+                                 nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for proc in ctx.processes:
+                    proc.kill()
+                pytest.fail(f"{world} gloo processes did not finish within {SPAWN_TIMEOUT_S} s (a hang?)")
+        got = [torch.load(os.path.join(tmp, f"rank{k}.pt"), weights_only=False) for k in range(world)]
+    case = SPCase("critical-path", {2: (23, 17)}, gamma=0.8, initial=True, B=1, r=4, d=6, seed=7)
+    b, c, v, gamma, s0 = case.inputs(world)
+    leaves = [x.detach().float().requires_grad_() for x in (b, c, v)]
+    ref, ref_state = reference(*leaves, gamma, initial_state=s0, return_state=True)
+    (ref.sum() + ref_state.sum()).backward()
+    for rank, res in enumerate(got):
+        log = res["log"]
+        assert log.index("state pass") < log.index("metadata read"), log
+        assert log.count("metadata read") == 1, log
+        assert [e for e in log if isinstance(e, str)] == ["all-gather", "state pass", "metadata read", "all-gather",
+                                                          "returned", "all-gather", "backward done"], log
+        after = log[log.index("metadata read") + 1:]
+        assert not [e for e in after if isinstance(e, tuple)], [e[1:] for e in after if isinstance(e, tuple)]
+        rows = case.rows(world, rank)
+        assert_close(res["out"], ref[:, :, rows], tolerance(torch.float32), f"rank {rank} output")
+        assert_close(res["state"], ref_state, tolerance(torch.float32), f"rank {rank} state")
+        for name, g, leaf in zip("bcv", res["grads"], leaves):
+            assert_close(g, leaf.grad[:, :, rows], tolerance(torch.float32), f"rank {rank} d{name}")

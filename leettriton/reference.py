@@ -67,7 +67,7 @@ def _chunk(b, c, v, lam, state):
         col_decay = torch.exp2(lam * (T - 1 - t).view(1, 1, T, 1))    # γ^(T-1-j): key j at the chunk's end
         total = torch.exp2(lam * T)
     zero = torch.zeros((), dtype=torch.float64, device=b.device)
-    out = _lower_product(torch.where(mask > 0, scores * mask, zero), v)
+    out = _lower_product(torch.where(mask == 0, zero, scores * mask), v)
     if state is not None:
         out = out + (b * row_decay) @ state
         state = total * state + (c * col_decay).transpose(-1, -2) @ v

@@ -297,6 +297,25 @@ def test_gamma_rewritten_through_numpy_gives_nan_or_an_error(method, interpreted
     _nan_in_head_1_only(leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0), first)
 
 
+KERNEL_METHODS = [m[:-len("_torch")] for m in TORCH_METHODS]
+
+
+@pytest.mark.parametrize("method", KERNEL_METHODS + TORCH_METHODS)
+def test_gamma_rewritten_through_numpy_gives_nan_without_an_initial_state(method):
+    """Without an initial state only the decays carry γ: a NaN λ must reach the outputs through them (a slow
+    causal form that selected a NaN decay out, as it selects out masked ones, gave zeros: silently wrong)."""
+    if DEVICE != "cpu":
+        pytest.skip("a NumPy view needs a CPU tensor")
+    b, c, v = _randn(1, H, 8, R, seed=43), _randn(1, H, 8, R, seed=44), _randn(1, H, 8, D, seed=45)
+    gamma = torch.tensor([0.9, 0.8])
+    first = leettriton.linear_attention(b, c, v, gamma, method=method)
+    gamma.numpy()[1] = 1.5
+    out = leettriton.linear_attention(b, c, v, gamma, method=method)
+    # row 0 of a head has no decayed term (γ^0 = 1 is no product with λ): the rows after it are NaN
+    assert torch.isnan(out[:, 1, 1:]).all(), "the head with γ = 1.5 gave non-NaN outputs"
+    assert torch.equal(out[:, 0], first[:, 0])
+
+
 def _gamma_rewrite_case(call, torch_path: bool, split_heads=lambda out: out) -> None:
     """Call twice with γ = (0.9, 0.8), rewrite γ[1] = 1.5 through NumPy, call again: a ValueError on the
     PyTorch path of CPU tensors (read on every call), NaN outputs of head 1 only under the interpreter.

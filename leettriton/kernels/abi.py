@@ -242,7 +242,7 @@ def masked_product(acc, b_ptr, c_ptr, v_ptr, b_strides, c_strides, v_strides, o_
     m = causal_decay(lam, o_i, o_j, HAS_DECAY)
     b_vj = load_tile(v_ptr, o_j, o_v, v_strides[2], v_strides[3], N, D)
     if CAUSAL:
-        scores = tl.where(m > 0.0, scores * m, 0.0)
+        scores = tl.where(m == 0.0, 0.0, scores * m)   # a NaN decay (a bad γ) stays NaN
     else:
         scores *= m
     if b_vj.dtype == tl.float16:

@@ -424,7 +424,7 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
             b_ot = b_ot * row_decay[None, :]
         if CAUSAL:
             # masked and decayed-away scores selected out: a non-finite c_j reaches rows i ≥ j only
-            b_at = tl.where(m_intra_t > 0.0, b_at * m_intra_t, 0.0)
+            b_at = tl.where(m_intra_t == 0.0, 0.0, b_at * m_intra_t)   # a NaN decay stays NaN
         else:
             b_at = b_at * m_intra_t
         if F16 and CAUSAL:

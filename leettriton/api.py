@@ -30,7 +30,7 @@ registry.install_builtins(builtin_methods())
 
 
 def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str = "bhnd", initial_state=None,
-                     return_state: bool = False, precision: Optional[str] = None):
+                     return_state: bool = False, precision: Optional[str] = None, log_decay=None):
     """Exponentially decaying causal linear attention, O = (B Cᵀ ⊙ M) V with M[i, j] = γ^(i−j) for i ≥ j.
 
     Per batch element and head: S_t = γ S_{t−1} + c_tᵀ v_t, o_t = b_t S_t, with
@@ -51,6 +51,13 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
         precision: float32 inputs only: ``"ieee"`` (default, true fp32 products) or
             ``"tf32"`` (tensor cores, faster).  16-bit inputs always use tensor
             cores with float32 accumulation.
+        log_decay: a per-token decay instead of ``gamma`` (giving both is a ValueError): a_t ≤ 0, the
+            natural log of the decay of token t, ``(batch, heads, n)`` in layout ``"bhnd"`` or
+            ``(batch, n, heads)`` in ``"bnhd"``, float32 or the inputs' dtype, any strides (read as it
+            is).  Then S_t = exp(a_t) S_{t−1} + c_tᵀ v_t and M[i, j] = exp(a_{j+1} + … + a_i)
+            (docs/design.md §1.7).  Methods that support it: :func:`registry.per_token_methods`; others
+            raise ``NotImplementedError``.  Its values are not read on the host (no device sync): a value
+            > 0 or NaN makes the rows it decays NaN (CPU tensors outside the interpreter are checked).
 
     Returns:
         The output, dtype and layout of ``v``; with ``return_state=True``, ``(output, state)``.
@@ -58,8 +65,9 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     Autograd: when b, c, v or ``initial_state`` requires grad, the output (and the returned state)
     is differentiable for every method.  The backward is three more calls of the same method
     (``auto`` chooses again for each), and only the inputs are kept for it; the ``_torch`` methods
-    are differentiated by PyTorch's autograd itself (docs/design.md §10).  γ is a constant: a
-    gamma that requires grad raises ``NotImplementedError``.
+    are differentiated by PyTorch's autograd itself (docs/design.md §10).  ``log_decay`` and a gamma
+    tensor that requires grad (a learnable decay) get their gradients from the same three calls
+    (docs/gradients.md).
 
     Non-finite inputs: row t depends on rows ≤ t only, for any values.  A ±inf or NaN at row k of b, c or
     v may make rows ≥ k non-finite and leaves rows < k as they would be without it (docs/nonfinite.md,
@@ -74,7 +82,9 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     """
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         return ops.linear_attention(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
-                                    return_state=return_state, precision=precision)
+                                    return_state=return_state, precision=precision, log_decay=log_decay)
+    if log_decay is not None or requires_grad(gamma):
+        return _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay)
     # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks, the plan and the
     # launches read but the tensors' addresses and γ's values -- ran before skips to its plan's launches
     try:
@@ -106,6 +116,29 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
         remember_call(key, _Call(resolve(p, name), p, layout, return_state, as_is, p.memo))
     else:
         run_problem(p, name)
+    return (out, p.state) if return_state else out
+
+
+def _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay):
+    """A call with a per-token decay, or with a gamma that requires grad (a learnable decay): validated,
+    then run through the plan of a method that supports it, or through the autograd node whose backward
+    gives the decay's gradient (docs/design.md §1.7, docs/gradients.md).  No repeated-call fast path."""
+    name = registry.canonical_method(method)
+    if log_decay is not None:
+        registry.check_per_token(name)
+    twin = registry.torch_method(name) is not None
+    grads = requires_grad(b, c, v, initial_state, gamma, log_decay)
+    if grads and (requires_grad(gamma) or not twin or _is_empty(b)):
+        # validate first (shapes, dtypes, log_decay), with the tensors detached
+        with torch.no_grad():
+            make_problem(b, c, v, None if requires_grad(gamma) else gamma, layout=layout, initial_state=initial_state,
+                         return_state=return_state, precision=precision, differentiable=True, log_decay=log_decay)
+        op = partial(linear_attention, method=name, layout=layout, precision=precision)
+        return attach_backward(op, b, c, v, gamma, layout=layout, initial_state=initial_state,
+                               return_state=return_state, log_decay=log_decay)
+    p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
+                          precision=precision, differentiable=twin, log_decay=log_decay)
+    run_problem(p, name)
     return (out, p.state) if return_state else out
 
 
@@ -151,9 +184,9 @@ def _is_empty(x) -> bool:
 
 def _method_function(name: str) -> Callable:
     def method_fn(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
-                  precision: Optional[str] = None):
+                  precision: Optional[str] = None, log_decay=None):
         return linear_attention(b, c, v, gamma, method=name, layout=layout, initial_state=initial_state,
-                                return_state=return_state, precision=precision)
+                                return_state=return_state, precision=precision, log_decay=log_decay)
 
     method_fn.__name__ = method_fn.__qualname__ = name
     method_fn.__doc__ = (f"``linear_attention(..., method='{name}')``: see :func:`linear_attention` for the "
@@ -165,9 +198,9 @@ def _method_function(name: str) -> Callable:
 def method_function(name: str) -> Callable:
     """``linear_attention`` with ``method=name`` fixed: the public function of a built-in method."""
     def method_fn(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
-                  precision: Optional[str] = None):
+                  precision: Optional[str] = None, log_decay=None):
         return linear_attention(b, c, v, gamma, method=name, layout=layout, initial_state=initial_state,
-                                return_state=return_state, precision=precision)
+                                return_state=return_state, precision=precision, log_decay=log_decay)
 
     method_fn.__name__ = method_fn.__qualname__ = name
     base = name[:-len("_torch")] if name.endswith("_torch") else name

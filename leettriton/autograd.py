@@ -64,7 +64,7 @@ class LinearAttentionFunction(torch.autograd.Function):
         result = op(b, c, v, gamma, initial_state=initial_state, return_state=return_state, **kw)
         ctx.op, ctx.layout = op, layout
         ctx.gamma = None if isinstance(gamma, torch.Tensor) else gamma
-        decay_grad = ctx.needs_input_grad[4] or ctx.needs_input_grad[8]
+        decay_grad = ctx.needs_input_grad[4] or (len(ctx.needs_input_grad) > 8 and ctx.needs_input_grad[8])
         final = result[1] if (return_state and decay_grad) else None
         ctx.save_for_backward(b, c, v, initial_state, gamma if isinstance(gamma, torch.Tensor) else None, log_decay,
                               final)
@@ -75,7 +75,8 @@ class LinearAttentionFunction(torch.autograd.Function):
         b, c, v, s0, gamma_tensor, log_decay, final = ctx.saved_tensors
         gamma = ctx.gamma if gamma_tensor is None else gamma_tensor
         need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[:4]
-        need_gamma, need_a = ctx.needs_input_grad[4], ctx.needs_input_grad[8]
+        need_gamma = ctx.needs_input_grad[4]
+        need_a = len(ctx.needs_input_grad) > 8 and ctx.needs_input_grad[8]
         decay_grad = need_gamma or need_a
         layout = ctx.layout
         db, dc, dv, state_rev = output_grads(ctx.op, b, c, v, s0, gamma, grad_out, layout, need_b=need_b or decay_grad,
@@ -104,7 +105,8 @@ class LinearAttentionFunction(torch.autograd.Function):
                 da = to_bhnd_3(da, layout).to(log_decay.dtype)
             else:
                 da = None
-        return (db if need_b else None, dc if need_c else None, dv, ds0, dgamma, None, None, None, da)
+        grads = (db if need_b else None, dc if need_c else None, dv, ds0, dgamma, None, None, None, da)
+        return grads[:len(ctx.needs_input_grad)]   # apply may be given eight inputs (no log_decay)
 
 
 def to_bhnd_3(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -114,7 +116,10 @@ def to_bhnd_3(x: torch.Tensor, layout: str) -> torch.Tensor:
 
 def decay_prefix(gamma, log_decay, heads: int, n: int, layout: str, device) -> Optional[torch.Tensor]:
     """G_t = a_0 + … + a_t in float64, ``(batch or 1, heads, n)``, or None without decay: the per-token decay's
-    prefix sum, or t + 1 times ln γ (docs/gradients.md).  A value > 0 or NaN is NaN (as on every path)."""
+    prefix sum, or t + 1 times ln γ (docs/gradients.md).  A value > 0 or NaN is NaN (as on every path).
+    None for an empty sequence too (no factor to apply)."""
+    if n == 0:
+        return None
     if log_decay is not None:
         a = to_bhnd_3(log_decay.detach(), layout).double()
         a = torch.where(a <= 0, a, torch.full((), float("nan"), dtype=a.dtype, device=a.device))

@@ -279,12 +279,13 @@ def check_autograd(where: str, *tensors) -> None:
 
 
 def check_constant_gamma(gamma) -> None:
-    """γ is a constant: a gamma tensor that requires grad (with grad mode on) is refused, naming the feature."""
+    """γ is a constant here: a gamma tensor that requires grad (with grad mode on) is refused, naming the feature
+    (by the entry points without a decay gradient: decode, varlen, the oracle; linear_attention has one)."""
     if requires_grad(gamma):
         raise NotImplementedError(
-            "gamma requires grad, but leettriton treats the decay γ as a constant: gradients with respect to "
-            "gamma (a learnable decay) are not implemented. Pass gamma.detach() (gradients still flow to b, c, v "
-            "and initial_state).")
+            "gamma requires grad, but this entry point treats the decay γ as a constant: gradients with respect "
+            "to gamma (a learnable decay) are not implemented. Pass gamma.detach() (gradients still flow to b, c, v "
+            "and initial_state); linear_attention itself differentiates a learnable gamma.")
 
 
 # --------------------------------------------------------------------------- gamma

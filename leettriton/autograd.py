@@ -37,7 +37,7 @@ from .problem import log2_gamma64, make_problem, requires_grad, resolve_gamma, t
 
 __all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "reversed_call", "forward_call", "add_state_term",
            "initial_state_grad", "log2_gamma", "add_tail_term", "initial_state_grad_of", "decay_prefix", "decay_grad_of",
-           "reversed_decay"]
+           "reversed_decay", "all_grads"]
 
 Operator = Callable
 """``op(b, c, v, gamma, *, initial_state=None, return_state=False)`` -> ``o`` or ``(o, state)``: the
@@ -74,39 +74,44 @@ class LinearAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_state=None):
         b, c, v, s0, gamma_tensor, log_decay, final = ctx.saved_tensors
         gamma = ctx.gamma if gamma_tensor is None else gamma_tensor
-        need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[:4]
-        need_gamma = ctx.needs_input_grad[4]
-        need_a = len(ctx.needs_input_grad) > 8 and ctx.needs_input_grad[8]
-        decay_grad = need_gamma or need_a
-        layout = ctx.layout
-        db, dc, dv, state_rev = output_grads(ctx.op, b, c, v, s0, gamma, grad_out, layout, need_b=need_b or decay_grad,
-                                             need_c=need_c or decay_grad, need_v=need_v, need_state=need_s0,
-                                             log_decay=log_decay)
-        ds0 = None
-        heads, n = to_bhnd(b, layout).shape[1:3]
-        G = decay_prefix(gamma, log_decay, heads, n, layout, v.device)
-        if grad_state is not None or state_rev is not None:
-            tail = None if G is None else G[..., -1:] - G                       # a_{j+1} + … + a_{n−1} ≤ 0
-            if grad_state is not None:
-                if need_c or decay_grad:
-                    dc = add_tail_term(dc, v, grad_state.transpose(-1, -2), tail, layout, c.dtype)
-                if need_v:
-                    dv = add_tail_term(dv, c, grad_state, tail, layout, v.dtype)
-            if need_s0:
-                ds0 = initial_state_grad_of(state_rev, grad_state, G)
-        da = dgamma = None
-        if decay_grad:
-            da = decay_grad_of(b, c, db, dc, grad_state, final, layout, n)
-            if need_gamma:
-                # a_t = ln γ_h for every t: dγ_h = Σ_{batch, t} da_t / γ_h
-                dgamma = (da.sum(dim=(0, 2)) / gamma_tensor.detach().reshape(heads).double()).reshape(
-                    gamma_tensor.shape).to(gamma_tensor.dtype)
-            if need_a:
-                da = to_bhnd_3(da, layout).to(log_decay.dtype)
-            else:
-                da = None
-        grads = (db if need_b else None, dc if need_c else None, dv, ds0, dgamma, None, None, None, da)
-        return grads[:len(ctx.needs_input_grad)]   # apply may be given eight inputs (no log_decay)
+        need = ctx.needs_input_grad
+        db, dc, dv, ds0, dgamma, da = all_grads(
+            ctx.op, b, c, v, s0, gamma, log_decay, final, grad_out, grad_state, ctx.layout, need_b=need[0],
+            need_c=need[1], need_v=need[2], need_s0=need[3], need_gamma=need[4], need_a=len(need) > 8 and need[8])
+        grads = (db, dc, dv, ds0, dgamma, None, None, None, da)
+        return grads[:len(need)]   # apply may be given eight inputs (no log_decay)
+
+
+def all_grads(op: Operator, b, c, v, s0, gamma, log_decay, final, grad_out, grad_state, layout: str, *, need_b: bool,
+              need_c: bool, need_v: bool, need_s0: bool, need_gamma: bool, need_a: bool):
+    """Every gradient of the operator (docs/design.md §10, docs/gradients.md): ``(db, dc, dv, dS₀, dγ, da)``,
+    each None unless asked for.  ``final`` is the returned final state (needed for a decay's gradient when
+    the state has a gradient), ``gamma`` a tensor for dγ, ``log_decay`` the per-token decay or None."""
+    decay_grad = need_gamma or need_a
+    db, dc, dv, state_rev = output_grads(op, b, c, v, s0, gamma, grad_out, layout, need_b=need_b or decay_grad,
+                                         need_c=need_c or decay_grad, need_v=need_v, need_state=need_s0,
+                                         log_decay=log_decay)
+    ds0 = None
+    heads, n = to_bhnd(b, layout).shape[1:3]
+    G = decay_prefix(gamma, log_decay, heads, n, layout, v.device)
+    if grad_state is not None or state_rev is not None:
+        tail = None if G is None else G[..., -1:] - G                       # a_{j+1} + … + a_{n−1} ≤ 0
+        if grad_state is not None:
+            if need_c or decay_grad:
+                dc = add_tail_term(dc, v, grad_state.transpose(-1, -2), tail, layout, c.dtype)
+            if need_v:
+                dv = add_tail_term(dv, c, grad_state, tail, layout, v.dtype)
+        if need_s0:
+            ds0 = initial_state_grad_of(state_rev, grad_state, G)
+    da = dgamma = None
+    if decay_grad:
+        da = decay_grad_of(b, c, db, dc, grad_state, final, layout, n)
+        if need_gamma:
+            # a_t = ln γ_h for every t: dγ_h = Σ_{batch, t} da_t / γ_h
+            dgamma = (da.sum(dim=(0, 2)) / gamma.detach().reshape(heads).double()).reshape(
+                gamma.shape).to(gamma.dtype)
+        da = to_bhnd_3(da, layout).to(log_decay.dtype) if need_a else None
+    return db if need_b else None, dc if need_c else None, dv, ds0, dgamma, da
 
 
 def to_bhnd_3(x: torch.Tensor, layout: str) -> torch.Tensor:

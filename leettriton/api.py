@@ -214,7 +214,7 @@ def method_function(name: str) -> Callable:
     return method_fn
 
 
-def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots: bool = True):
+def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots: bool = True, log_decay=None):
     """One generated token: S ← γ S + c_tᵀ v_t, o_t = b_t S.  The state is updated **in place**.
 
     Args:
@@ -236,6 +236,9 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
             sync on CUDA, once per version of the ``slot_ids`` tensor (never during CUDA graph capture).
             ``False`` skips it: a repeated slot is then a race, and an id past the pool gives a NaN output
             row and touches no state.
+        log_decay: the step's per-token decay instead of gamma (both: ValueError): a ≤ 0 of shape
+            ``(batch, heads)``, float32 or the inputs' dtype, any strides: S ← exp(a) S + c_tᵀ v_t
+            (docs/design.md §1.7).  Its values are not read on the host (a > 0 or NaN gives NaN).
 
     Returns:
         ``(o_t, state)``: o_t ``(batch, heads, d)`` in v_t's dtype, and ``state`` itself.
@@ -255,7 +258,10 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     """
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         _check_compiled_step(b_t, c_t, v_t, state, gamma, slot_ids, check_slots, True)
-        return ops.decode_step(b_t, c_t, v_t, state, gamma, slot_ids=slot_ids)
+        return ops.decode_step(b_t, c_t, v_t, state, gamma, slot_ids=slot_ids, log_decay=log_decay)
+    if log_decay is not None:
+        out, _ = _decode_per_token(b_t, c_t, v_t, state, gamma, log_decay, slot_ids, False, check_slots, True)
+        return out, state
     if slot_ids is not None:
         out, _ = _decode_tokens(b_t, c_t, v_t, state, gamma, slot_ids, False, check_slots, one_token=True)
         return out, state
@@ -350,7 +356,7 @@ def _check_decode_step(b_t, c_t, v_t, state) -> None:
 
 
 def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False,
-                  check_slots: bool = True):
+                  check_slots: bool = True, log_decay=None):
     """k new tokens per sequence in one launch (speculative-decoding verification): k decode steps.
 
     Token j of row i updates the state, S ← γ S + c_jᵀ v_j, and gives o_j = b_j S, for j = 0 … k − 1,
@@ -367,6 +373,8 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
             is the state after the first j tokens (j = 0: the state before the call), so a server that
             accepts the first a_i tokens of row i rolls back with ``pool[slot_ids[i]] = states[i, :, a_i]``.
             A padding row's kept states are zeros.
+        log_decay: a per-token decay instead of gamma: ``(batch, heads, k)``, a ≤ 0, token j's factor
+            exp(a_j), as in :func:`decode_step`.
 
     Returns:
         ``(o, state)``, or ``(o, state, states)`` with ``keep_states``: o ``(batch, heads, k, d)`` in v's
@@ -380,8 +388,12 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
     check_bool("keep_states", keep_states)
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, False)
-        return ops.decode_tokens(b, c, v, state, gamma, slot_ids=slot_ids, keep_states=keep_states)
-    out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
+        return ops.decode_tokens(b, c, v, state, gamma, slot_ids=slot_ids, keep_states=keep_states,
+                                 log_decay=log_decay)
+    if log_decay is not None:
+        out, kept = _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states, check_slots, False)
+    else:
+        out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
     return (out, state, kept) if keep_states else (out, state)
 
 
@@ -421,7 +433,8 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
         else:
             kept = None if kept_like is None else problem.new_like(kept_like)
             if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
-                                              state if slot_ids is None else slot_ids, state if kept is None else kept)):
+                                              state if slot_ids is None else slot_ids, state if kept is None else kept,
+                                              out)):
                 return out, kept
     if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
@@ -454,6 +467,35 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
         _TOKEN_STEPS[signature] = (launch, _GAMMA_AS_IS if as_is else gamma_h, out_like, kept_like, state.shape[0],
                                    extents)
     return out, kept
+
+
+def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: bool, check_slots: bool,
+                      one_token: bool):
+    """A decode step (``one_token``) or k steps with a per-token decay (docs/design.md §1.7): validated on
+    every call (no repeated-launch fast path), then the k-token kernel with its ``PER_TOKEN_DECAY`` flag
+    (one token: a token axis of one).  Returns (out, kept or None)."""
+    where = "decode_step" if one_token else "decode_tokens"
+    slot_ids = index_as_read(slot_ids)
+    _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
+    check_autograd(where, b, c, v, state, log_decay)
+    if one_token:
+        b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    B, H, K, r = b.shape
+    d = v.shape[-1]
+    shape, axes = ((B, H), "(batch, heads)") if one_token else ((B, H, K), "(batch, heads, k)")
+    ld = problem.resolve_log_decay(log_decay, gamma, shape, v.dtype, v.device, where=where, axes=axes)
+    if one_token:
+        ld = ld.unsqueeze(-1)
+    if slot_ids is not None:
+        check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
+    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+    check_unshared("state", state, ((names[0], b), (names[1], c), (names[2], v), ("log_decay", log_decay),
+                                    ("slot_ids", slot_ids)))
+    out = problem.new_empty((B, H, K, d), v.dtype, v.device)
+    kept = problem.new_empty((B, H, K + 1, r, d), torch.float32, v.device) if keep_states else None
+    if B and H:
+        decode_tokens_impl(b, c, v, state, None, out, slot_ids, kept, log_decay=ld)
+    return (out.squeeze(2) if one_token else out), kept
 
 
 _TOKEN_STEPS: dict = {}

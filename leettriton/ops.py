@@ -243,15 +243,17 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
 
 @_custom_op("leettriton::decode_step", mutates_args=("state",))
 def _decode_step(b_t: Tensor, c_t: Tensor, v_t: Tensor, state: Tensor, gamma: Optional[Tensor],
-                 gamma_value: Optional[float], slot_ids: Optional[Tensor]) -> Tensor:
+                 gamma_value: Optional[float], slot_ids: Optional[Tensor],
+                 log_decay: Optional[Tensor] = None) -> Tensor:
     with torch.no_grad(), _guarded(v_t):
         out, _ = _EAGER["decode_step"](b_t, c_t, v_t, state, _gamma(gamma, gamma_value), slot_ids=slot_ids,
-                                       check_slots=False if slot_ids is not None and _skips(v_t) else True)
+                                       check_slots=False if slot_ids is not None and _skips(v_t) else True,
+                                       log_decay=log_decay)
     return out
 
 
 @_decode_step.register_fake
-def _decode_step_fake(b_t, c_t, v_t, state, gamma, gamma_value, slot_ids):
+def _decode_step_fake(b_t, c_t, v_t, state, gamma, gamma_value, slot_ids, log_decay=None):
     return torch.empty((b_t.shape[0], b_t.shape[1], v_t.shape[-1]), dtype=v_t.dtype, device=v_t.device)
 
 
@@ -263,16 +265,17 @@ def _skips(x: Tensor) -> bool:
 @_custom_op("leettriton::decode_tokens", mutates_args=("state",))
 def _decode_tokens(b: Tensor, c: Tensor, v: Tensor, state: Tensor, gamma: Optional[Tensor],
                    gamma_value: Optional[float], slot_ids: Optional[Tensor],
-                   keep_states: bool) -> tuple[Tensor, Tensor]:
+                   keep_states: bool, log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     with torch.no_grad(), _guarded(v):
         res = _EAGER["decode_tokens"](b, c, v, state, _gamma(gamma, gamma_value), slot_ids=slot_ids,
                                       keep_states=keep_states,
-                                      check_slots=False if slot_ids is not None and _skips(v) else True)
+                                      check_slots=False if slot_ids is not None and _skips(v) else True,
+                                      log_decay=log_decay)
     return res[0], res[2] if keep_states else _no_state(v)
 
 
 @_decode_tokens.register_fake
-def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_states):
+def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_states, log_decay=None):
     B, H, K, r = b.shape
     out = torch.empty((B, H, K, v.shape[-1]), dtype=v.dtype, device=v.device)
     if not keep_states:
@@ -280,16 +283,17 @@ def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_state
     return out, torch.empty((B, H, K + 1, r, v.shape[-1]), dtype=torch.float32, device=v.device)
 
 
-def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None):
+def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, log_decay=None):
     """:func:`leettriton.decode_step` through its operator: ``(o_t, state)``, ``state`` updated in place."""
     g, g_value = split_gamma(gamma)
-    return torch.ops.leettriton.decode_step(b_t, c_t, v_t, state, g, g_value, slot_ids), state
+    return torch.ops.leettriton.decode_step(b_t, c_t, v_t, state, g, g_value, slot_ids, log_decay), state
 
 
-def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False):
+def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False, log_decay=None):
     """:func:`leettriton.decode_tokens` through its operator."""
     g, g_value = split_gamma(gamma)
-    out, kept = torch.ops.leettriton.decode_tokens(b, c, v, state, g, g_value, slot_ids, bool(keep_states))
+    out, kept = torch.ops.leettriton.decode_tokens(b, c, v, state, g, g_value, slot_ids, bool(keep_states),
+                                                   log_decay)
     return (out, state, kept) if keep_states else (out, state)
 
 

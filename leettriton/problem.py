@@ -811,7 +811,8 @@ def resolve_log_decay(log_decay, gamma, shape: tuple, dtype: torch.dtype, device
     want = shape if layout == "bhnd" else (shape[0], shape[2], shape[1])
     if tuple(log_decay.shape) != tuple(want):
         names = axes or ("(batch, heads, n)" if layout == "bhnd" else "(batch, n, heads)")
-        raise ValueError(f"log_decay must have shape {names} = {tuple(want)} for layout '{layout}', got shape "
+        where_ = f" for layout '{layout}'" if axes is None else ""
+        raise ValueError(f"log_decay must have shape {names} = {tuple(want)}{where_}, got shape "
                          f"{tuple(log_decay.shape)}")
     if log_decay.device != device:
         raise ValueError(f"log_decay must be on the inputs' device {device}, got {log_decay.device}")

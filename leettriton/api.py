@@ -510,7 +510,7 @@ VARLEN_NATIVE = ("lightning_attention", "block_based")
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
                             has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
-                            check_indices: bool = True):
+                            check_indices: bool = True, log_decay=None):
     """The operator over a packed batch of variable-length sequences, each on its own (docs/design.md §13.2).
 
     Sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]) of the packed tokens; its output is that of
@@ -543,6 +543,10 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         check_indices: check the values of cu_seqlens and slot_ids (one device sync each on CUDA, once per
             tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
             rows, never an access out of bounds; a repeated slot is a race).
+        log_decay: a per-token decay instead of gamma, ``(T, heads)`` (a ≤ 0, float32 or the inputs' dtype, any
+            strides; docs/design.md §1.7).  The packed kernels do not take it yet: it runs through a
+            ``"<method>_torch"`` twin (``auto`` on CPU tensors outside the interpreter); other methods raise
+            ``NotImplementedError``.
 
     Returns:
         The output ``(T, heads, d)`` in v's dtype; with ``return_state=True``, ``(output, states)``.
@@ -564,12 +568,23 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
                             check_indices=False)
         return ops.linear_attention_varlen(b, c, v, cu_seqlens, gamma, method=method, state_pool=state_pool,
                                            slot_ids=slot_ids, has_initial_state=has_initial_state,
-                                           return_state=return_state, precision=precision)
+                                           return_state=return_state, precision=precision, log_decay=log_decay)
     name = registry.canonical_method(method)
     p, out = make_varlen_problem(b, c, v, cu_seqlens, gamma, state_pool=state_pool, slot_ids=slot_ids,
                                  has_initial_state=has_initial_state, return_state=return_state,
                                  precision=precision, check_indices=check_indices)
     B, H, T, r, d = p.shape
+    if log_decay is not None:
+        check_autograd("linear_attention_varlen", log_decay)
+        ld = problem.resolve_log_decay(log_decay, gamma, (T, H), p.v.dtype, p.v.device,
+                                       where="linear_attention_varlen", axes="(T, heads)")
+        p.log_decay = ld.transpose(0, 1).unsqueeze(0)   # (1, H, T), a view
+        if name == "auto" and p.v.device.type == "cpu" and not is_interpreting():
+            name = "lightning_attention_torch"
+        if registry.torch_method(name) is None:
+            raise NotImplementedError(
+                f"linear_attention_varlen: method {name!r} does not take a per-token decay (log_decay) for a packed "
+                f"batch yet; use a '<method>_torch' twin (e.g. 'lightning_attention_torch')")
     if name in ("auto",) + VARLEN_NATIVE and p.v.device.type == "cpu" and not is_interpreting():
         name = "lightning_attention_torch"
     if registry.torch_method(name) is not None:
@@ -597,7 +612,7 @@ def _varlen_by_sequence(p, twin) -> None:
         final = torch.empty((1, H, r, d), dtype=torch.float32, device=p.v.device)
         if bounds[i + 1] > bounds[i]:
             twin(Problem(p.b[:, :, rows], p.c[:, :, rows], p.v[:, :, rows], p.gamma, initial, p.out[:, :, rows], final,
-                         p.precision))
+                         p.precision, log_decay=None if p.log_decay is None else p.log_decay[:, :, rows]))
         elif initial is not None:
             final.copy_(initial)
         else:

@@ -303,12 +303,12 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor, gamma: Optional[Tensor],
                              gamma_value: Optional[float], method: str, state_pool: Optional[Tensor],
                              slot_ids: Optional[Tensor], has_initial_state: Optional[Tensor], return_state: bool,
-                             precision: Optional[str]) -> tuple[Tensor, Tensor]:
+                             precision: Optional[str], log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     with torch.no_grad(), _guarded(v):
         res = _EAGER["linear_attention_varlen"](
             b, c, v, cu_seqlens, _gamma(gamma, gamma_value), method=method, state_pool=state_pool,
             slot_ids=slot_ids, has_initial_state=has_initial_state, return_state=return_state, precision=precision,
-            check_indices=not _skips(v))
+            check_indices=not _skips(v), log_decay=log_decay)
     if return_state and state_pool is None:
         return res[0], res[1]
     return (res[0] if return_state else res), _no_state(v)
@@ -316,7 +316,7 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
 
 @_linear_attention_varlen.register_fake
 def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, method, state_pool, slot_ids,
-                                  has_initial_state, return_state, precision):
+                                  has_initial_state, return_state, precision, log_decay=None):
     T, H, r = b.shape
     out = torch.empty((T, H, v.shape[-1]), dtype=v.dtype, device=v.device)
     if return_state and state_pool is None:
@@ -325,12 +325,13 @@ def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, metho
 
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
-                            has_initial_state=None, return_state: bool = False, precision: Optional[str] = None):
+                            has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
+                            log_decay=None):
     """:func:`leettriton.linear_attention_varlen` through its operator."""
     g, g_value = split_gamma(gamma, b.shape[1], v.device)
     out, states = torch.ops.leettriton.linear_attention_varlen(b, c, v, cu_seqlens, g, g_value, method, state_pool,
                                                                slot_ids, has_initial_state, bool(return_state),
-                                                               precision)
+                                                               precision, log_decay)
     if not return_state:
         return out
     return out, (state_pool if state_pool is not None else states)

@@ -55,7 +55,7 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
             natural log of the decay of token t, ``(batch, heads, n)`` in layout ``"bhnd"`` or
             ``(batch, n, heads)`` in ``"bnhd"``, float32 or the inputs' dtype, any strides (read as it
             is).  Then S_t = exp(a_t) S_{t−1} + c_tᵀ v_t and M[i, j] = exp(a_{j+1} + … + a_i)
-            (docs/design.md §1.7).  Methods that support it: :func:`registry.per_token_methods`; others
+            (docs/design.md §1.6).  Methods that support it: :func:`registry.per_token_methods`; others
             raise ``NotImplementedError``.  Its values are not read on the host (no device sync): a value
             > 0 or NaN makes the rows it decays NaN (CPU tensors outside the interpreter are checked).
 
@@ -67,7 +67,7 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     (``auto`` chooses again for each), and only the inputs are kept for it; the ``_torch`` methods
     are differentiated by PyTorch's autograd itself (docs/design.md §10).  ``log_decay`` and a gamma
     tensor that requires grad (a learnable decay) get their gradients from the same three calls
-    (docs/gradients.md).
+    (docs/design.md §10.6).
 
     Non-finite inputs: row t depends on rows ≤ t only, for any values.  A ±inf or NaN at row k of b, c or
     v may make rows ≥ k non-finite and leaves rows < k as they would be without it (docs/nonfinite.md,
@@ -122,7 +122,7 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
 def _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay):
     """A call with a per-token decay, or with a gamma that requires grad (a learnable decay): validated,
     then run through the plan of a method that supports it, or through the autograd node whose backward
-    gives the decay's gradient (docs/design.md §1.7, docs/gradients.md).  No repeated-call fast path."""
+    gives the decay's gradient (docs/design.md §1.6, §10.6).  No repeated-call fast path."""
     name = registry.canonical_method(method)
     if log_decay is not None:
         registry.check_per_token(name)
@@ -238,7 +238,7 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
             row and touches no state.
         log_decay: the step's per-token decay instead of gamma (both: ValueError): a ≤ 0 of shape
             ``(batch, heads)``, float32 or the inputs' dtype, any strides: S ← exp(a) S + c_tᵀ v_t
-            (docs/design.md §1.7).  Its values are not read on the host (a > 0 or NaN gives NaN).
+            (docs/design.md §1.6).  Its values are not read on the host (a > 0 or NaN gives NaN).
 
     Returns:
         ``(o_t, state)``: o_t ``(batch, heads, d)`` in v_t's dtype, and ``state`` itself.
@@ -471,7 +471,7 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
 
 def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: bool, check_slots: bool,
                       one_token: bool):
-    """A decode step (``one_token``) or k steps with a per-token decay (docs/design.md §1.7): validated on
+    """A decode step (``one_token``) or k steps with a per-token decay (docs/design.md §1.6): validated on
     every call (no repeated-launch fast path), then the k-token kernel with its ``PER_TOKEN_DECAY`` flag
     (one token: a token axis of one).  Returns (out, kept or None)."""
     where = "decode_step" if one_token else "decode_tokens"
@@ -544,7 +544,7 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
             tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
             rows, never an access out of bounds; a repeated slot is a race).
         log_decay: a per-token decay instead of gamma, ``(T, heads)`` (a ≤ 0, float32 or the inputs' dtype, any
-            strides; docs/design.md §1.7).  The packed kernels do not take it yet: it runs through a
+            strides; docs/design.md §1.6).  The packed kernels do not take it yet: it runs through a
             ``"<method>_torch"`` twin (``auto`` on CPU tensors outside the interpreter); other methods raise
             ``NotImplementedError``.
 

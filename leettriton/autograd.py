@@ -84,7 +84,7 @@ class LinearAttentionFunction(torch.autograd.Function):
 
 def all_grads(op: Operator, b, c, v, s0, gamma, log_decay, final, grad_out, grad_state, layout: str, *, need_b: bool,
               need_c: bool, need_v: bool, need_s0: bool, need_gamma: bool, need_a: bool):
-    """Every gradient of the operator (docs/design.md §10, docs/gradients.md): ``(db, dc, dv, dS₀, dγ, da)``,
+    """Every gradient of the operator (docs/design.md §10, §10.6): ``(db, dc, dv, dS₀, dγ, da)``,
     each None unless asked for.  ``final`` is the returned final state (needed for a decay's gradient when
     the state has a gradient), ``gamma`` a tensor for dγ, ``log_decay`` the per-token decay or None."""
     decay_grad = need_gamma or need_a
@@ -121,7 +121,7 @@ def to_bhnd_3(x: torch.Tensor, layout: str) -> torch.Tensor:
 
 def decay_prefix(gamma, log_decay, heads: int, n: int, layout: str, device) -> Optional[torch.Tensor]:
     """G_t = a_0 + … + a_t in float64, ``(batch or 1, heads, n)``, or None without decay: the per-token decay's
-    prefix sum, or t + 1 times ln γ (docs/gradients.md).  A value > 0 or NaN is NaN (as on every path).
+    prefix sum, or t + 1 times ln γ (docs/design.md §10.6).  A value > 0 or NaN is NaN (as on every path).
     None for an empty sequence too (no factor to apply)."""
     if n == 0:
         return None
@@ -140,7 +140,7 @@ def decay_grad_of(b, c, db, dc, ds, final, layout: str, n: int) -> torch.Tensor:
     """∂L/∂a_t (float64, ``(batch, heads, n)``) from the gradients of b and c (the full ones: with the
     initial and the final state's terms) and the final state's: dG_i = b_i · db_i − c_i · dc_i, plus
     Σ dS ⊙ S_{n−1} at i = n − 1 when the state was returned, then da_t = Σ_{i ≥ t} dG_i
-    (docs/gradients.md).  The products are summed in float32."""
+    (docs/design.md §10.6).  The products are summed in float32."""
     bb, cc = to_bhnd(b, layout).float(), to_bhnd(c, layout).float()
     dG = None
     if db is not None:
@@ -166,7 +166,7 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
     state, from which :func:`initial_state_grad` forms dS₀.
 
     With a per-token decay a (``log_decay``, in ``layout``), db's call takes a as it is, and the reversed
-    calls take the reversed decays a'_t = a_{n−t} (a'_0 = 0: M transposed, docs/gradients.md), on reversed
+    calls take the reversed decays a'_t = a_{n−t} (a'_0 = 0: M transposed, docs/design.md §10.6), on reversed
     copies; ``state_rev`` is then Σ_i exp(a_1 + … + a_i) b_iᵀ do_i.
     """
     db = dc = dv = state_rev = None

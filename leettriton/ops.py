@@ -160,7 +160,7 @@ def _linear_attention_backward(grad_out: Optional[Tensor], grad_state: Optional[
                                need_state: bool, log_decay: Optional[Tensor] = None, final: Optional[Tensor] = None,
                                need_gamma: bool = False,
                                need_a: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The gradients (db, dc, dv, dS₀, dγ, da) of docs/design.md §10.1 and docs/gradients.md by three calls of
+    """The gradients (db, dc, dv, dS₀, dγ, da) of docs/design.md §10.1 and §10.6 by three calls of
     the forward; one not asked for is an empty tensor."""
     g = _gamma(gamma, gamma_value)
     with torch.no_grad(), _guarded(v):

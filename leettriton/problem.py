@@ -72,7 +72,7 @@ class Problem:
             piece would add up to more error than one of the whole score (docs/design.md §1.5).
         log_decay: the per-token decay a_t ≤ 0 (natural log), a ``(B, H, n)`` view of the caller's tensor
             with its strides (the ``bnhd`` layout's is transposed, not copied), float32 or the inputs'
-            dtype, or None; with it :attr:`gamma` is None (docs/design.md §1.7).
+            dtype, or None; with it :attr:`gamma` is None (docs/design.md §1.6).
     """
 
     b: torch.Tensor
@@ -792,7 +792,7 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
 
 def resolve_log_decay(log_decay, gamma, shape: tuple, dtype: torch.dtype, device: torch.device, layout: str = "bhnd",
                       where: str = "linear_attention", axes: Optional[str] = None) -> torch.Tensor:
-    """Validate a per-token decay and return the view the kernels read (docs/design.md §1.7).
+    """Validate a per-token decay and return the view the kernels read (docs/design.md §1.6).
 
     ``shape`` is its shape in ``(batch, heads, n)`` order (the ``bnhd`` layout's tensor is ``(batch, n,
     heads)``, read through a transposed view, never a copy); float32 or ``dtype`` (the inputs'); on

@@ -118,7 +118,7 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
     float64 computation, so its gradients are the oracle's gradients (γ stays a constant).  Give it float32
     copies of 16-bit inputs to get them back in float32.
 
-    ``log_decay``: the per-token decay of :func:`leettriton.linear_attention` (docs/design.md §1.7),
+    ``log_decay``: the per-token decay of :func:`leettriton.linear_attention` (docs/design.md §1.6),
     M[i, j] = exp(a_{j+1} + … + a_i) from differences of its prefix sum within a chunk, in float64.
     """
     check_bool("return_state", return_state)

@@ -76,7 +76,7 @@ def user_method(name: str) -> Optional["UserMethod"]:
 
 
 def per_token_methods() -> tuple[str, ...]:
-    """The names that take a per-token decay (``log_decay``, docs/design.md §1.7): ``auto``, the built-ins
+    """The names that take a per-token decay (``log_decay``, docs/design.md §1.6): ``auto``, the built-ins
     whose :class:`Method` says ``per_token_decay``, and every ``_torch`` twin."""
     return ("auto",) + tuple(n for n, m in _BUILTIN.items() if m.per_token_decay) + tuple(_TORCH)
 

@@ -22,7 +22,7 @@ Causal for any values (docs/nonfinite.md): masked and decayed-away scores are se
 multiplied by zero, and a product of a lower-triangular matrix with values (:func:`_lower_product`)
 lets a non-finite value at row k reach rows ≥ k only.
 
-With a per-token decay (``p.log_decay``, docs/design.md §1.7) every twin runs :func:`_per_token_chunks`
+With a per-token decay (``p.log_decay``, docs/design.md §1.6) every twin runs :func:`_per_token_chunks`
 with its own block length: the chunked form with the cumulative log-decay G within each block, in float32,
 every factor exp(G_i − G_j) or exp(G_last − G_j) of a non-positive exponent (never a division).
 
@@ -209,7 +209,7 @@ def _pad_chunks(x: torch.Tensor, T: int, front: int, back: int) -> torch.Tensor:
 
 def _per_token_chunks(p: Problem, T: int) -> None:
     """Fill ``p.out`` (and ``p.state``) for a problem with a per-token decay a (``p.log_decay``), in blocks
-    of T rows carried through the state (docs/design.md §1.7).  Within a block, with G_i = a_0 + … + a_i
+    of T rows carried through the state (docs/design.md §1.6).  Within a block, with G_i = a_0 + … + a_i
     (the block's own rows, float32):
 
         O_i  = Σ_{j ≤ i} exp(G_i − G_j) (b_i · c_j) v_j + exp(G_i) b_i S

@@ -1,4 +1,4 @@
-"""The per-token decay (``log_decay``, docs/design.md §1.7) and the learnable constant decay (docs/gradients.md).
+"""The per-token decay (``log_decay``, docs/design.md §1.6) and the learnable constant decay (docs/gradients.md).
 
 Every method that takes it -- the PyTorch twins and the causal_dot_product kernel (under the interpreter on
 CPU) -- against the float64 oracle over decays from 0 to −20 per token, both layouts, strided decays, an

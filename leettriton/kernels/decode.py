@@ -141,7 +141,7 @@ def _decode_tokens_kernel(
     g_hi, g_lo = step_decay(lam)
     o_v = i_v * BV + tl.arange(0, BV)
     p_keep = keep_ptr + i_b * keep_strides[0] + i_h * keep_strides[1]
-    if PER_TOKEN_DECAY:  # token t's decay a_t of this row and head (docs/design.md §1.7)
+    if PER_TOKEN_DECAY:  # token t's decay a_t of this row and head (docs/design.md §1.6)
         p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
     for t in range(0, K):
         if PER_TOKEN_DECAY:  # exp(a_t) = exp2(a_t · log2 e) ≤ 1; a_t > 0 or NaN gives NaN

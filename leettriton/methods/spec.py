@@ -71,7 +71,7 @@ class Method:
             and the launcher cuts the sequence only through ``Problem.rows``.  A method without it
             gets reversed copies from the backward instead.
         per_token_decay: ``launch`` runs a problem with a per-token decay (``Problem.log_decay``,
-            docs/design.md §1.7); ``method="auto"`` with one picks such a method, and naming a method
+            docs/design.md §1.6); ``method="auto"`` with one picks such a method, and naming a method
             without it raises ``NotImplementedError``.
     """
 

@@ -111,7 +111,7 @@ def _causal_dot_product_fwd_kernel(
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     g_hi, g_lo = step_decay(lam)  # the decay of one step, exp2(λ · 1), in two parts
-    if PER_TOKEN_DECAY:  # the per-token decay a_t of this batch element and head (docs/design.md §1.7)
+    if PER_TOKEN_DECAY:  # the per-token decay a_t of this batch element and head (docs/design.md §1.6)
         p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
 
     # Rows of b and c are read as 32-bit words (RW per row, stride_bnw apart): pairs of

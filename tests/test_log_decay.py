@@ -265,3 +265,32 @@ def test_long_sequences_stay_finite_and_within_tolerance(strength):
     assert_close(out, ref, tolerance(torch.float16), "output", terms=terms)
     assert_close(state, ref_state, tolerance(torch.float16), "state",
                  terms=reference(b.float().abs(), c.float().abs(), v.float().abs(), log_decay=a, return_state=True)[1])
+
+
+def test_compiled_calls_trace_whole_with_their_gradients():
+    """torch.compile(fullgraph=True) traces linear_attention with log_decay (and a learnable γ) and the decode
+    steps as the registered operators, the backward operator giving da and dγ (docs/design.md §4.6)."""
+    b, c, v, a = _inputs(1, 2, 9, 3, 4, "bhnd", seed=17, strength=2.0)
+    b, a = b.clone().requires_grad_(), a.clone().requires_grad_()
+    gamma = torch.tensor([0.9, 0.7], device=DEVICE, requires_grad=True)
+    fn = torch.compile(lambda b, c, v, a: leettriton.linear_attention(b, c, v, log_decay=a, return_state=True),
+                       fullgraph=True, backend="aot_eager")
+    got = _grads(lambda b, a: fn(b, c, v, a), [b, a])
+    want = _grads(lambda b, a: reference(b, c, v, log_decay=a, return_state=True), [b, a])
+    for name, x, y in zip(("b", "a"), got, want):
+        assert_close(x, y.double(), 1e-5, f"compiled d{name}")
+    fg = torch.compile(lambda g: leettriton.linear_attention(b.detach(), c, v, g, return_state=True), fullgraph=True,
+                       backend="aot_eager")
+    (dg,) = _grads(fg, [gamma])
+    (rg,) = _grads(lambda g: reference(b.detach(), c, v, log_decay=torch.log(g).view(1, 2, 1).expand(1, 2, 9),
+                                       return_state=True), [gamma])
+    assert_close(dg, rg.double(), 1e-5, "compiled dγ")
+    step = torch.compile(lambda b, c, v, s, a: leettriton.decode_step(b, c, v, s, log_decay=a), fullgraph=True,
+                         backend="aot_eager")
+    state = torch.zeros(1, 2, 3, 4, device=DEVICE)
+    with torch.no_grad():
+        for t in range(9):
+            o, _ = step(b[:, :, t], c[:, :, t], v[:, :, t], state, a[:, :, t])
+    ref, ref_state = reference(b.detach(), c, v, log_decay=a.detach(), return_state=True)
+    assert_close(o, ref[:, :, -1], 1e-5, "compiled decode_step")
+    assert_close(state, ref_state, 1e-5, "compiled decode_step's state")

@@ -83,22 +83,23 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         return ops.linear_attention(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
                                     return_state=return_state, precision=precision, log_decay=log_decay)
-    if log_decay is not None or requires_grad(gamma):
-        return _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay)
     # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks, the plan and the
     # launches read but the tensors' addresses and γ's values -- ran before skips to its plan's launches
     try:
-        g, s = gamma, initial_state
+        g, s, a = gamma, initial_state, log_decay
         key = ("linear_attention", method, layout, type(b), type(c), type(v), b.shape, c.shape, v.shape, b.stride(),
                c.stride(), v.stride(), b.dtype, c.dtype, v.dtype, b.device, c.device, v.device,
                None if s is None else (type(s), s.shape, s.stride(), s.dtype, s.device), type(return_state),
                return_state, type(precision), precision,
-               (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g))
+               (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g),
+               None if a is None else (type(a), a.shape, a.stride(), a.dtype, a.device))
         call = known_call(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: the checks say what
         key = call = None
-    if call is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, initial_state, gamma)):
-        return call(b, c, v, gamma, initial_state)
+    if call is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, initial_state, gamma, log_decay)):
+        return call(b, c, v, gamma, initial_state, log_decay)
+    if log_decay is not None or requires_grad(gamma):
+        return _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay, key)
     name = registry.canonical_method(method)
     if requires_grad(b, c, v, initial_state, gamma):
         check_constant_gamma(gamma)
@@ -119,10 +120,11 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     return (out, p.state) if return_state else out
 
 
-def _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay):
+def _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay, key=None):
     """A call with a per-token decay, or with a gamma that requires grad (a learnable decay): validated,
     then run through the plan of a method that supports it, or through the autograd node whose backward
-    gives the decay's gradient (docs/design.md §1.6, §10.6).  No repeated-call fast path."""
+    gives the decay's gradient (docs/design.md §1.6, §10.6).  A per-token call that needs no gradient is
+    remembered under its signature ``key`` (which holds the decay's shape and strides) for the fast path."""
     name = registry.canonical_method(method)
     if log_decay is not None:
         registry.check_per_token(name)
@@ -138,7 +140,12 @@ def _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, pre
                                return_state=return_state, log_decay=log_decay)
     p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
                           precision=precision, differentiable=twin, log_decay=log_decay)
-    run_problem(p, name)
+    if key is not None and not grads and log_decay is not None and not _is_empty(out) and p.gamma is None:
+        p.memo = {}
+        run_problem(p, name)
+        remember_call(key, _Call(resolve(p, name), p, layout, return_state, False, p.memo))
+    else:
+        run_problem(p, name)
     return (out, p.state) if return_state else out
 
 
@@ -148,7 +155,7 @@ class _Call:
     Calling it runs the plan on a new Problem of the same signature (docs/design.md §4.5)."""
 
     __slots__ = ("plan", "gamma", "gamma_as_is", "out_like", "state_like", "transposed", "precision", "memo",
-                 "return_state")
+                 "return_state", "per_token")
 
     def __init__(self, plan, p: Problem, layout: str, return_state: bool, gamma_as_is: bool, memo: dict) -> None:
         B, H, n, r, d = p.shape
@@ -159,19 +166,23 @@ class _Call:
         self.out_like = problem.output_template((B, n, H, d) if self.transposed else (B, H, n, d), p.out.dtype, device)
         self.state_like = problem.output_template((B, H, r, d), torch.float32, device) if return_state else None
         self.precision, self.return_state = p.precision, return_state
+        self.per_token = p.log_decay is not None
 
-    def __call__(self, b, c, v, gamma, initial_state):
+    def __call__(self, b, c, v, gamma, initial_state, log_decay=None):
         gamma_h = self.gamma
         if self.gamma_as_is:
             check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
             gamma_h = gamma
         out = problem.new_like(self.out_like)
         state = None if self.state_like is None else problem.new_like(self.state_like)
+        if self.per_token:   # the values: checked on CPU tensors outside the interpreter only (§1.6)
+            problem.check_log_decay_values(log_decay)
         if self.transposed:
             p = Problem(b.transpose(1, 2), c.transpose(1, 2), v.transpose(1, 2), gamma_h, initial_state,
-                        out.transpose(1, 2), state, self.precision, self.memo)
+                        out.transpose(1, 2), state, self.precision, self.memo,
+                        log_decay=None if log_decay is None else log_decay.transpose(1, 2))
         else:
-            p = Problem(b, c, v, gamma_h, initial_state, out, state, self.precision, self.memo)
+            p = Problem(b, c, v, gamma_h, initial_state, out, state, self.precision, self.memo, log_decay=log_decay)
         plan = self.plan
         plan.run(p, plan)
         return (out, state) if self.return_state else out

@@ -23,7 +23,7 @@ __all__ = [
     "to_bhnd", "new_empty", "new_like", "output_template", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
     "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed", "device_guards_only", "log2_gamma64",
-    "index_as_read", "check_own_memory", "check_unshared", "byte_extent", "resolve_log_decay",
+    "index_as_read", "check_own_memory", "check_unshared", "byte_extent", "resolve_log_decay", "check_log_decay_values",
 ]
 
 MAX_DIM = 1024
@@ -790,6 +790,19 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     return problem, out_user
 
 
+def check_log_decay_values(log_decay: torch.Tensor) -> None:
+    """A per-token decay's values ≤ 0, checked for CPU tensors outside the interpreter only (a cheap host
+    reduction, on every call: nothing is remembered); elsewhere the kernels give NaN rows for a value > 0 or
+    NaN, and nothing is read on the host (docs/design.md §1.6)."""
+    if log_decay.device.type != "cpu" or _interpreting() or not log_decay.numel() or _GUARDS_ONLY.get():
+        return
+    bad = ~(log_decay.detach() <= 0)
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"log_decay must be ≤ 0 (a natural-log decay per token), got log_decay{list(at)} = "
+                         f"{float(log_decay.detach()[at])!r}")
+
+
 def resolve_log_decay(log_decay, gamma, shape: tuple, dtype: torch.dtype, device: torch.device, layout: str = "bhnd",
                       where: str = "linear_attention", axes: Optional[str] = None) -> torch.Tensor:
     """Validate a per-token decay and return the view the kernels read (docs/design.md §1.6).
@@ -816,12 +829,7 @@ def resolve_log_decay(log_decay, gamma, shape: tuple, dtype: torch.dtype, device
                          f"{tuple(log_decay.shape)}")
     if log_decay.device != device:
         raise ValueError(f"log_decay must be on the inputs' device {device}, got {log_decay.device}")
-    if device.type == "cpu" and not _interpreting() and log_decay.numel() and not _GUARDS_ONLY.get():
-        bad = ~(log_decay.detach() <= 0)
-        if bool(bad.any()):
-            at = tuple(int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"log_decay must be ≤ 0 (a natural-log decay per token), got log_decay{list(at)} = "
-                             f"{float(log_decay.detach()[at])!r}")
+    check_log_decay_values(log_decay)
     return log_decay if layout == "bhnd" or len(shape) != 3 else log_decay.transpose(1, 2)
 
 

@@ -294,3 +294,24 @@ def test_compiled_calls_trace_whole_with_their_gradients():
     ref, ref_state = reference(b.detach(), c, v, log_decay=a.detach(), return_state=True)
     assert_close(o, ref[:, :, -1], 1e-5, "compiled decode_step")
     assert_close(state, ref_state, 1e-5, "compiled decode_step's state")
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_repeated_calls_read_each_calls_decay(layout, monkeypatch):
+    """The repeated-call fast path (docs/design.md §4.5) keys on the decay's shape and strides and reads each
+    call's values; on CPU outside the interpreter it still checks them on every call."""
+    b, c, v, a = _inputs(1, 2, 12, 3, 3, layout, seed=18, strength=2.0)
+    for method in ("causal_dot_product", "causal_dot_product_torch"):
+        for scale in (1.0, 0.25, 3.0):
+            a2 = (a * scale).clone() if layout == "bhnd" else (a.transpose(1, 2) * scale).clone().transpose(1, 2)
+            out = leettriton.linear_attention(b, c, v, log_decay=a2, method=method, layout=layout)
+            assert_close(out, reference(b, c, v, log_decay=a2, layout=layout), 1e-5, f"{method} × {scale}")
+        out = leettriton.linear_attention(b, c, v, method=method, layout=layout)   # the same call without a decay
+        assert_close(out, reference(b, c, v, layout=layout), 1e-5, f"{method} without a decay")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cpu = [x.cpu() for x in (b, c, v)]
+    good = a.cpu().clone()
+    leettriton.linear_attention(*cpu, log_decay=good, method="causal_dot_product_torch", layout=layout)
+    good[0, 1, 1] = 1.0
+    with pytest.raises(ValueError, match="log_decay must be ≤ 0"):
+        leettriton.linear_attention(*cpu, log_decay=good, method="causal_dot_product_torch", layout=layout)

@@ -169,6 +169,10 @@ def _causal_dot_product_fwd_kernel(
     n_b = tl.load(p_b + (o_bw + o_t * stride_bnw), mask=(o_t < N) & m_w, other=0)  # [BKW, BT * BV]
     n_c = tl.load(p_c + (o_cw + o_t * stride_cnw), mask=(o_t < N) & m_w, other=0)
     n_v = tl.load(p_v + (o_vv + o_t * v_strides[2]), mask=(o_t < N) & m_v, other=0.0).to(tl.float32) * one
+    if PER_TOKEN_DECAY:  # the decays come in with their block, one block ahead as b, c and v do
+        n_a = tl.load(p_a + o_i * a_strides[2], mask=o_i < N, other=0.0).to(tl.float32) * one
+    else:
+        n_a = tl.zeros([BT], dtype=tl.float32)
     if KW == 1 and not IS_32:
         n_b = n_b.to(tl.float32) * one
         n_c = n_c.to(tl.float32) * one
@@ -181,14 +185,16 @@ def _causal_dot_product_fwd_kernel(
         o_tn = t0 + BT + o_jt[None, :]
         n_b = tl.load(p_b + (o_bw + o_tn * stride_bnw), mask=(o_tn < N) & m_w, other=0)
         n_c = tl.load(p_c + (o_cw + o_tn * stride_cnw), mask=(o_tn < N) & m_w, other=0)
+        b_a = n_a
         n_v = tl.load(p_v + (o_vv + o_tn * v_strides[2]), mask=(o_tn < N) & m_v, other=0.0).to(tl.float32) * one
+        if PER_TOKEN_DECAY:
+            n_a = tl.load(p_a + (t0 + BT + o_i) * a_strides[2], mask=t0 + BT + o_i < N, other=0.0).to(tl.float32) * one
         if KW == 1 and not IS_32:
             n_b = n_b.to(tl.float32) * one
             n_c = n_c.to(tl.float32) * one
 
         b_o = tl.zeros([BT, BV], dtype=tl.float32)
         if PER_TOKEN_DECAY:  # the block's decays: exp(a) = exp2(a · log2 e) ≤ 1; a > 0 or NaN gives NaN
-            b_a = tl.load(p_a + (t0 + o_i) * a_strides[2], mask=t0 + o_i < N, other=0.0).to(tl.float32)
             b_g = tl.where(b_a <= 0.0, tl.exp2(b_a * 1.4426950408889634), float("nan"))
         for i in tl.static_range(BT):
             m_i = o_i[None, :, None] == i

@@ -30,7 +30,7 @@ registry.install_builtins(builtin_methods())
 
 
 def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str = "bhnd", initial_state=None,
-                     return_state: bool = False, precision: Optional[str] = None):
+                     return_state: bool = False, precision: Optional[str] = None, log_decay=None):
     """Exponentially decaying causal linear attention, O = (B Cᵀ ⊙ M) V with M[i, j] = γ^(i−j) for i ≥ j.
 
     Per batch element and head: S_t = γ S_{t−1} + c_tᵀ v_t, o_t = b_t S_t, with
@@ -51,6 +51,13 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
         precision: float32 inputs only: ``"ieee"`` (default, true fp32 products) or
             ``"tf32"`` (tensor cores, faster).  16-bit inputs always use tensor
             cores with float32 accumulation.
+        log_decay: a per-token decay instead of ``gamma`` (giving both is a ValueError): a_t ≤ 0, the
+            natural log of the decay of token t, ``(batch, heads, n)`` in layout ``"bhnd"`` or
+            ``(batch, n, heads)`` in ``"bnhd"``, float32 or the inputs' dtype, any strides (read as it
+            is).  Then S_t = exp(a_t) S_{t−1} + c_tᵀ v_t and M[i, j] = exp(a_{j+1} + … + a_i)
+            (docs/design.md §1.6).  Methods that support it: :func:`registry.per_token_methods`; others
+            raise ``NotImplementedError``.  Its values are not read on the host (no device sync): a value
+            > 0 or NaN makes the rows it decays NaN (CPU tensors outside the interpreter are checked).
 
     Returns:
         The output, dtype and layout of ``v``; with ``return_state=True``, ``(output, state)``.
@@ -58,8 +65,9 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     Autograd: when b, c, v or ``initial_state`` requires grad, the output (and the returned state)
     is differentiable for every method.  The backward is three more calls of the same method
     (``auto`` chooses again for each), and only the inputs are kept for it; the ``_torch`` methods
-    are differentiated by PyTorch's autograd itself (docs/design.md §10).  γ is a constant: a
-    gamma that requires grad raises ``NotImplementedError``.
+    are differentiated by PyTorch's autograd itself (docs/design.md §10).  ``log_decay`` and a gamma
+    tensor that requires grad (a learnable decay) get their gradients from the same three calls
+    (docs/design.md §10.6).
 
     Non-finite inputs: row t depends on rows ≤ t only, for any values.  A ±inf or NaN at row k of b, c or
     v may make rows ≥ k non-finite and leaves rows < k as they would be without it (docs/nonfinite.md,
@@ -74,21 +82,24 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     """
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         return ops.linear_attention(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
-                                    return_state=return_state, precision=precision)
+                                    return_state=return_state, precision=precision, log_decay=log_decay)
     # The fast path (docs/design.md §4.5): a call whose signature -- everything the checks, the plan and the
     # launches read but the tensors' addresses and γ's values -- ran before skips to its plan's launches
     try:
-        g, s = gamma, initial_state
+        g, s, a = gamma, initial_state, log_decay
         key = ("linear_attention", method, layout, type(b), type(c), type(v), b.shape, c.shape, v.shape, b.stride(),
                c.stride(), v.stride(), b.dtype, c.dtype, v.dtype, b.device, c.device, v.device,
                None if s is None else (type(s), s.shape, s.stride(), s.dtype, s.device), type(return_state),
                return_state, type(precision), precision,
-               (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g))
+               (type(g), g.shape, g.stride(), g.dtype, g.device) if isinstance(g, torch.Tensor) else (type(g), g),
+               None if a is None else (type(a), a.shape, a.stride(), a.dtype, a.device))
         call = known_call(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: the checks say what
         key = call = None
-    if call is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, initial_state, gamma)):
-        return call(b, c, v, gamma, initial_state)
+    if call is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, initial_state, gamma, log_decay)):
+        return call(b, c, v, gamma, initial_state, log_decay)
+    if log_decay is not None or requires_grad(gamma):
+        return _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay, key)
     name = registry.canonical_method(method)
     if requires_grad(b, c, v, initial_state, gamma):
         check_constant_gamma(gamma)
@@ -109,13 +120,42 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     return (out, p.state) if return_state else out
 
 
+def _with_decay(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay, key=None):
+    """A call with a per-token decay, or with a gamma that requires grad (a learnable decay): validated,
+    then run through the plan of a method that supports it, or through the autograd node whose backward
+    gives the decay's gradient (docs/design.md §1.6, §10.6).  A per-token call that needs no gradient is
+    remembered under its signature ``key`` (which holds the decay's shape and strides) for the fast path."""
+    name = registry.canonical_method(method)
+    if log_decay is not None:
+        registry.check_per_token(name)
+    twin = registry.torch_method(name) is not None
+    grads = requires_grad(b, c, v, initial_state, gamma, log_decay)
+    if grads and (requires_grad(gamma) or not twin or _is_empty(b)):
+        # validate first (shapes, dtypes, log_decay), with the tensors detached
+        with torch.no_grad():
+            make_problem(b, c, v, None if requires_grad(gamma) else gamma, layout=layout, initial_state=initial_state,
+                         return_state=return_state, precision=precision, differentiable=True, log_decay=log_decay)
+        op = partial(linear_attention, method=name, layout=layout, precision=precision)
+        return attach_backward(op, b, c, v, gamma, layout=layout, initial_state=initial_state,
+                               return_state=return_state, log_decay=log_decay)
+    p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
+                          precision=precision, differentiable=twin, log_decay=log_decay)
+    if key is not None and not grads and log_decay is not None and not _is_empty(out) and p.gamma is None:
+        p.memo = {}
+        run_problem(p, name)
+        remember_call(key, _Call(resolve(p, name), p, layout, return_state, False, p.memo))
+    else:
+        run_problem(p, name)
+    return (out, p.state) if return_state else out
+
+
 class _Call:
     """A validated call signature of :func:`linear_attention` and what it resolved to: the plan, γ's
     tensor (a float's, cached by value) or "γ as it is", the output shapes, and the launchers' memo.
     Calling it runs the plan on a new Problem of the same signature (docs/design.md §4.5)."""
 
     __slots__ = ("plan", "gamma", "gamma_as_is", "out_like", "state_like", "transposed", "precision", "memo",
-                 "return_state")
+                 "return_state", "per_token")
 
     def __init__(self, plan, p: Problem, layout: str, return_state: bool, gamma_as_is: bool, memo: dict) -> None:
         B, H, n, r, d = p.shape
@@ -126,19 +166,23 @@ class _Call:
         self.out_like = problem.output_template((B, n, H, d) if self.transposed else (B, H, n, d), p.out.dtype, device)
         self.state_like = problem.output_template((B, H, r, d), torch.float32, device) if return_state else None
         self.precision, self.return_state = p.precision, return_state
+        self.per_token = p.log_decay is not None
 
-    def __call__(self, b, c, v, gamma, initial_state):
+    def __call__(self, b, c, v, gamma, initial_state, log_decay=None):
         gamma_h = self.gamma
         if self.gamma_as_is:
             check_gamma_values(gamma)  # once per tensor version (a dictionary lookup after that)
             gamma_h = gamma
         out = problem.new_like(self.out_like)
         state = None if self.state_like is None else problem.new_like(self.state_like)
+        if self.per_token:   # the values: checked on CPU tensors outside the interpreter only (§1.6)
+            problem.check_log_decay_values(log_decay)
         if self.transposed:
             p = Problem(b.transpose(1, 2), c.transpose(1, 2), v.transpose(1, 2), gamma_h, initial_state,
-                        out.transpose(1, 2), state, self.precision, self.memo)
+                        out.transpose(1, 2), state, self.precision, self.memo,
+                        log_decay=None if log_decay is None else log_decay.transpose(1, 2))
         else:
-            p = Problem(b, c, v, gamma_h, initial_state, out, state, self.precision, self.memo)
+            p = Problem(b, c, v, gamma_h, initial_state, out, state, self.precision, self.memo, log_decay=log_decay)
         plan = self.plan
         plan.run(p, plan)
         return (out, state) if self.return_state else out
@@ -151,9 +195,9 @@ def _is_empty(x) -> bool:
 
 def _method_function(name: str) -> Callable:
     def method_fn(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
-                  precision: Optional[str] = None):
+                  precision: Optional[str] = None, log_decay=None):
         return linear_attention(b, c, v, gamma, method=name, layout=layout, initial_state=initial_state,
-                                return_state=return_state, precision=precision)
+                                return_state=return_state, precision=precision, log_decay=log_decay)
 
     method_fn.__name__ = method_fn.__qualname__ = name
     method_fn.__doc__ = (f"``linear_attention(..., method='{name}')``: see :func:`linear_attention` for the "
@@ -165,9 +209,9 @@ def _method_function(name: str) -> Callable:
 def method_function(name: str) -> Callable:
     """``linear_attention`` with ``method=name`` fixed: the public function of a built-in method."""
     def method_fn(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
-                  precision: Optional[str] = None):
+                  precision: Optional[str] = None, log_decay=None):
         return linear_attention(b, c, v, gamma, method=name, layout=layout, initial_state=initial_state,
-                                return_state=return_state, precision=precision)
+                                return_state=return_state, precision=precision, log_decay=log_decay)
 
     method_fn.__name__ = method_fn.__qualname__ = name
     base = name[:-len("_torch")] if name.endswith("_torch") else name
@@ -181,7 +225,7 @@ def method_function(name: str) -> Callable:
     return method_fn
 
 
-def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots: bool = True):
+def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots: bool = True, log_decay=None):
     """One generated token: S ← γ S + c_tᵀ v_t, o_t = b_t S.  The state is updated **in place**.
 
     Args:
@@ -203,6 +247,9 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
             sync on CUDA, once per version of the ``slot_ids`` tensor (never during CUDA graph capture).
             ``False`` skips it: a repeated slot is then a race, and an id past the pool gives a NaN output
             row and touches no state.
+        log_decay: the step's per-token decay instead of gamma (both: ValueError): a ≤ 0 of shape
+            ``(batch, heads)``, float32 or the inputs' dtype, any strides: S ← exp(a) S + c_tᵀ v_t
+            (docs/design.md §1.6).  Its values are not read on the host (a > 0 or NaN gives NaN).
 
     Returns:
         ``(o_t, state)``: o_t ``(batch, heads, d)`` in v_t's dtype, and ``state`` itself.
@@ -222,7 +269,10 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     """
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         _check_compiled_step(b_t, c_t, v_t, state, gamma, slot_ids, check_slots, True)
-        return ops.decode_step(b_t, c_t, v_t, state, gamma, slot_ids=slot_ids)
+        return ops.decode_step(b_t, c_t, v_t, state, gamma, slot_ids=slot_ids, log_decay=log_decay)
+    if log_decay is not None:
+        out, _ = _decode_per_token(b_t, c_t, v_t, state, gamma, log_decay, slot_ids, False, check_slots, True)
+        return out, state
     if slot_ids is not None:
         out, _ = _decode_tokens(b_t, c_t, v_t, state, gamma, slot_ids, False, check_slots, one_token=True)
         return out, state
@@ -317,7 +367,7 @@ def _check_decode_step(b_t, c_t, v_t, state) -> None:
 
 
 def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False,
-                  check_slots: bool = True):
+                  check_slots: bool = True, log_decay=None):
     """k new tokens per sequence in one launch (speculative-decoding verification): k decode steps.
 
     Token j of row i updates the state, S ← γ S + c_jᵀ v_j, and gives o_j = b_j S, for j = 0 … k − 1,
@@ -334,6 +384,8 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
             is the state after the first j tokens (j = 0: the state before the call), so a server that
             accepts the first a_i tokens of row i rolls back with ``pool[slot_ids[i]] = states[i, :, a_i]``.
             A padding row's kept states are zeros.
+        log_decay: a per-token decay instead of gamma: ``(batch, heads, k)``, a ≤ 0, token j's factor
+            exp(a_j), as in :func:`decode_step`.
 
     Returns:
         ``(o, state)``, or ``(o, state, states)`` with ``keep_states``: o ``(batch, heads, k, d)`` in v's
@@ -347,8 +399,12 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
     check_bool("keep_states", keep_states)
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, False)
-        return ops.decode_tokens(b, c, v, state, gamma, slot_ids=slot_ids, keep_states=keep_states)
-    out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
+        return ops.decode_tokens(b, c, v, state, gamma, slot_ids=slot_ids, keep_states=keep_states,
+                                 log_decay=log_decay)
+    if log_decay is not None:
+        out, kept = _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states, check_slots, False)
+    else:
+        out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)
     return (out, state, kept) if keep_states else (out, state)
 
 
@@ -388,7 +444,8 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
         else:
             kept = None if kept_like is None else problem.new_like(kept_like)
             if launch is not None and launch((b, c, v, out, out if gamma_h is None else gamma_h, state,
-                                              state if slot_ids is None else slot_ids, state if kept is None else kept)):
+                                              state if slot_ids is None else slot_ids, state if kept is None else kept,
+                                              out)):
                 return out, kept
     if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
@@ -423,6 +480,35 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
     return out, kept
 
 
+def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: bool, check_slots: bool,
+                      one_token: bool):
+    """A decode step (``one_token``) or k steps with a per-token decay (docs/design.md §1.6): validated on
+    every call (no repeated-launch fast path), then the k-token kernel with its ``PER_TOKEN_DECAY`` flag
+    (one token: a token axis of one).  Returns (out, kept or None)."""
+    where = "decode_step" if one_token else "decode_tokens"
+    slot_ids = index_as_read(slot_ids)
+    _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
+    check_autograd(where, b, c, v, state, log_decay)
+    if one_token:
+        b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
+    B, H, K, r = b.shape
+    d = v.shape[-1]
+    shape, axes = ((B, H), "(batch, heads)") if one_token else ((B, H, K), "(batch, heads, k)")
+    ld = problem.resolve_log_decay(log_decay, gamma, shape, v.dtype, v.device, where=where, axes=axes)
+    if one_token:
+        ld = ld.unsqueeze(-1)
+    if slot_ids is not None:
+        check_slot_values("slot_ids", slot_ids, state.shape[0], check_slots)
+    names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+    check_unshared("state", state, ((names[0], b), (names[1], c), (names[2], v), ("log_decay", log_decay),
+                                    ("slot_ids", slot_ids)))
+    out = problem.new_empty((B, H, K, d), v.dtype, v.device)
+    kept = problem.new_empty((B, H, K + 1, r, d), torch.float32, v.device) if keep_states else None
+    if B and H:
+        decode_tokens_impl(b, c, v, state, None, out, slot_ids, kept, log_decay=ld)
+    return (out.squeeze(2) if one_token else out), kept
+
+
 _TOKEN_STEPS: dict = {}
 """The slotted / k-token step's validated signatures: signature → (the launch to repeat, γ's tensor or
 _GAMMA_AS_IS, the output's template (one token: without the token axis), the kept states' template or None,
@@ -435,7 +521,7 @@ VARLEN_NATIVE = ("lightning_attention", "block_based")
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
                             has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
-                            check_indices: bool = True):
+                            check_indices: bool = True, log_decay=None):
     """The operator over a packed batch of variable-length sequences, each on its own (docs/design.md §13.2).
 
     Sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]) of the packed tokens; its output is that of
@@ -468,6 +554,10 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         check_indices: check the values of cu_seqlens and slot_ids (one device sync each on CUDA, once per
             tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
             rows, never an access out of bounds; a repeated slot is a race).
+        log_decay: a per-token decay instead of gamma, ``(T, heads)`` (a ≤ 0, float32 or the inputs' dtype, any
+            strides; docs/design.md §1.6).  The packed kernels do not take it yet: it runs through a
+            ``"<method>_torch"`` twin (``auto`` on CPU tensors outside the interpreter); other methods raise
+            ``NotImplementedError``.
 
     Returns:
         The output ``(T, heads, d)`` in v's dtype; with ``return_state=True``, ``(output, states)``.
@@ -489,12 +579,23 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
                             check_indices=False)
         return ops.linear_attention_varlen(b, c, v, cu_seqlens, gamma, method=method, state_pool=state_pool,
                                            slot_ids=slot_ids, has_initial_state=has_initial_state,
-                                           return_state=return_state, precision=precision)
+                                           return_state=return_state, precision=precision, log_decay=log_decay)
     name = registry.canonical_method(method)
     p, out = make_varlen_problem(b, c, v, cu_seqlens, gamma, state_pool=state_pool, slot_ids=slot_ids,
                                  has_initial_state=has_initial_state, return_state=return_state,
                                  precision=precision, check_indices=check_indices)
     B, H, T, r, d = p.shape
+    if log_decay is not None:
+        check_autograd("linear_attention_varlen", log_decay)
+        ld = problem.resolve_log_decay(log_decay, gamma, (T, H), p.v.dtype, p.v.device,
+                                       where="linear_attention_varlen", axes="(T, heads)")
+        p.log_decay = ld.transpose(0, 1).unsqueeze(0)   # (1, H, T), a view
+        if name == "auto" and p.v.device.type == "cpu" and not is_interpreting():
+            name = "lightning_attention_torch"
+        if registry.torch_method(name) is None:
+            raise NotImplementedError(
+                f"linear_attention_varlen: method {name!r} does not take a per-token decay (log_decay) for a packed "
+                f"batch yet; use a '<method>_torch' twin (e.g. 'lightning_attention_torch')")
     if name in ("auto",) + VARLEN_NATIVE and p.v.device.type == "cpu" and not is_interpreting():
         name = "lightning_attention_torch"
     if registry.torch_method(name) is not None:
@@ -522,7 +623,7 @@ def _varlen_by_sequence(p, twin) -> None:
         final = torch.empty((1, H, r, d), dtype=torch.float32, device=p.v.device)
         if bounds[i + 1] > bounds[i]:
             twin(Problem(p.b[:, :, rows], p.c[:, :, rows], p.v[:, :, rows], p.gamma, initial, p.out[:, :, rows], final,
-                         p.precision))
+                         p.precision, log_decay=None if p.log_decay is None else p.log_decay[:, :, rows]))
         elif initial is not None:
             final.copy_(initial)
         else:

@@ -24,6 +24,7 @@ with no kernel of its own, and the only tensors kept from the forward are its in
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Callable, Optional
 
@@ -35,7 +36,8 @@ from .plan import run_problem, run_reversed
 from .problem import log2_gamma64, make_problem, requires_grad, resolve_gamma, to_bhnd
 
 __all__ = ["LinearAttentionFunction", "attach_backward", "output_grads", "reversed_call", "forward_call", "add_state_term",
-           "initial_state_grad", "log2_gamma"]
+           "initial_state_grad", "log2_gamma", "add_tail_term", "initial_state_grad_of", "decay_prefix", "decay_grad_of",
+           "reversed_decay", "all_grads"]
 
 Operator = Callable
 """``op(b, c, v, gamma, *, initial_state=None, return_state=False)`` -> ``o`` or ``(o, state)``: the
@@ -48,49 +50,124 @@ other callable is run on reversed copies."""
 class LinearAttentionFunction(torch.autograd.Function):
     """O (and the final state) as an autograd node whose backward is three calls of the same operator.
 
-    ``apply(b, c, v, initial_state, gamma, op, layout, return_state)``: b, c, v in ``layout``;
-    initial_state ``(batch, heads, r, d)`` or None; gamma as ``linear_attention`` takes it (a constant);
-    ``op`` the :data:`Operator`.  Saves b, c, v, the initial state and a gamma tensor; nothing else.
+    ``apply(b, c, v, initial_state, gamma, op, layout, return_state, log_decay)``: b, c, v in ``layout``;
+    initial_state ``(batch, heads, r, d)`` or None; gamma as ``linear_attention`` takes it (a tensor may
+    require grad: a learnable decay); ``op`` the :data:`Operator`; ``log_decay`` the per-token decay (or
+    None).  Saves b, c, v, the initial state, a gamma tensor, the per-token decay and, when a decay's
+    gradient is asked for and the state is returned, the final state; nothing else.
     """
 
     @staticmethod
-    def forward(ctx, b, c, v, initial_state, gamma, op: Operator, layout: str, return_state: bool):
+    def forward(ctx, b, c, v, initial_state, gamma, op: Operator, layout: str, return_state: bool, log_decay=None):
         ctx.set_materialize_grads(False)  # a gradient that is not given (an unused output) is None, not zeros
-        result = op(b, c, v, gamma, initial_state=initial_state, return_state=return_state)
+        kw = {} if log_decay is None else {"log_decay": log_decay}
+        result = op(b, c, v, gamma, initial_state=initial_state, return_state=return_state, **kw)
         ctx.op, ctx.layout = op, layout
         ctx.gamma = None if isinstance(gamma, torch.Tensor) else gamma
-        ctx.save_for_backward(b, c, v, initial_state, gamma if isinstance(gamma, torch.Tensor) else None)
+        decay_grad = ctx.needs_input_grad[4] or (len(ctx.needs_input_grad) > 8 and ctx.needs_input_grad[8])
+        final = result[1] if (return_state and decay_grad) else None
+        ctx.save_for_backward(b, c, v, initial_state, gamma if isinstance(gamma, torch.Tensor) else None, log_decay,
+                              final)
         return result
 
     @staticmethod
     def backward(ctx, grad_out, grad_state=None):
-        b, c, v, s0, gamma_tensor = ctx.saved_tensors
+        b, c, v, s0, gamma_tensor, log_decay, final = ctx.saved_tensors
         gamma = ctx.gamma if gamma_tensor is None else gamma_tensor
-        need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[:4]
-        db, dc, dv, state_rev = output_grads(ctx.op, b, c, v, s0, gamma, grad_out, ctx.layout, need_b=need_b,
-                                             need_c=need_c, need_v=need_v, need_state=need_s0)
-        ds0 = None
-        if grad_state is not None or state_rev is not None:
-            heads, n = to_bhnd(b, ctx.layout).shape[1:3]
-            lam = log2_gamma(gamma, heads, v.device)
-            if grad_state is not None:
-                if need_c:
-                    dc = add_state_term(dc, v, grad_state.transpose(-1, -2), lam, ctx.layout, c.dtype)
-                if need_v:
-                    dv = add_state_term(dv, c, grad_state, lam, ctx.layout, v.dtype)
-            if need_s0:
-                ds0 = initial_state_grad(state_rev, grad_state, lam, n)
-        return db, dc, dv, ds0, None, None, None, None
+        need = ctx.needs_input_grad
+        db, dc, dv, ds0, dgamma, da = all_grads(
+            ctx.op, b, c, v, s0, gamma, log_decay, final, grad_out, grad_state, ctx.layout, need_b=need[0],
+            need_c=need[1], need_v=need[2], need_s0=need[3], need_gamma=need[4], need_a=len(need) > 8 and need[8])
+        grads = (db, dc, dv, ds0, dgamma, None, None, None, da)
+        return grads[:len(need)]   # apply may be given eight inputs (no log_decay)
+
+
+def all_grads(op: Operator, b, c, v, s0, gamma, log_decay, final, grad_out, grad_state, layout: str, *, need_b: bool,
+              need_c: bool, need_v: bool, need_s0: bool, need_gamma: bool, need_a: bool):
+    """Every gradient of the operator (docs/design.md §10, §10.6): ``(db, dc, dv, dS₀, dγ, da)``,
+    each None unless asked for.  ``final`` is the returned final state (needed for a decay's gradient when
+    the state has a gradient), ``gamma`` a tensor for dγ, ``log_decay`` the per-token decay or None."""
+    decay_grad = need_gamma or need_a
+    db, dc, dv, state_rev = output_grads(op, b, c, v, s0, gamma, grad_out, layout, need_b=need_b or decay_grad,
+                                         need_c=need_c or decay_grad, need_v=need_v, need_state=need_s0,
+                                         log_decay=log_decay)
+    ds0 = None
+    heads, n = to_bhnd(b, layout).shape[1:3]
+    G = decay_prefix(gamma, log_decay, heads, n, layout, v.device)
+    if grad_state is not None or state_rev is not None:
+        tail = None if G is None else G[..., -1:] - G                       # a_{j+1} + … + a_{n−1} ≤ 0
+        if grad_state is not None:
+            if need_c or decay_grad:
+                dc = add_tail_term(dc, v, grad_state.transpose(-1, -2), tail, layout, c.dtype)
+            if need_v:
+                dv = add_tail_term(dv, c, grad_state, tail, layout, v.dtype)
+        if need_s0:
+            ds0 = initial_state_grad_of(state_rev, grad_state, G)
+    da = dgamma = None
+    if decay_grad:
+        da = decay_grad_of(b, c, db, dc, grad_state, final, layout, n)
+        if need_gamma:
+            # a_t = ln γ_h for every t: dγ_h = Σ_{batch, t} da_t / γ_h
+            dgamma = (da.sum(dim=(0, 2)) / gamma.detach().reshape(heads).double()).reshape(
+                gamma.shape).to(gamma.dtype)
+        da = to_bhnd_3(da, layout).to(log_decay.dtype) if need_a else None
+    return db if need_b else None, dc if need_c else None, dv, ds0, dgamma, da
+
+
+def to_bhnd_3(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """A ``(batch, heads, n)`` tensor in ``layout``'s order (``bnhd``: ``(batch, n, heads)``), a view."""
+    return x if layout == "bhnd" else x.transpose(1, 2)
+
+
+def decay_prefix(gamma, log_decay, heads: int, n: int, layout: str, device) -> Optional[torch.Tensor]:
+    """G_t = a_0 + … + a_t in float64, ``(batch or 1, heads, n)``, or None without decay: the per-token decay's
+    prefix sum, or t + 1 times ln γ (docs/design.md §10.6).  A value > 0 or NaN is NaN (as on every path).
+    None for an empty sequence too (no factor to apply)."""
+    if n == 0:
+        return None
+    if log_decay is not None:
+        a = to_bhnd_3(log_decay.detach(), layout).double()
+        a = torch.where(a <= 0, a, torch.full((), float("nan"), dtype=a.dtype, device=a.device))
+        return torch.cumsum(a, dim=-1)
+    lam = log2_gamma(gamma.detach() if isinstance(gamma, torch.Tensor) else gamma, heads, device)
+    if lam is None:
+        return None
+    t = torch.arange(1, n + 1, device=device, dtype=torch.float64)
+    return (lam * math.log(2.0)).view(1, -1, 1) * t.view(1, 1, -1)
+
+
+def decay_grad_of(b, c, db, dc, ds, final, layout: str, n: int) -> torch.Tensor:
+    """∂L/∂a_t (float64, ``(batch, heads, n)``) from the gradients of b and c (the full ones: with the
+    initial and the final state's terms) and the final state's: dG_i = b_i · db_i − c_i · dc_i, plus
+    Σ dS ⊙ S_{n−1} at i = n − 1 when the state was returned, then da_t = Σ_{i ≥ t} dG_i
+    (docs/design.md §10.6).  The products are summed in float32."""
+    bb, cc = to_bhnd(b, layout).float(), to_bhnd(c, layout).float()
+    dG = None
+    if db is not None:
+        dG = (bb * to_bhnd(db, layout).float()).sum(-1)
+    if dc is not None:
+        term = (cc * to_bhnd(dc, layout).float()).sum(-1)
+        dG = -term if dG is None else dG - term
+    if dG is None:
+        dG = torch.zeros(bb.shape[:3], dtype=torch.float32, device=bb.device)
+    dG = dG.double()
+    if ds is not None and final is not None and n:
+        dG[..., -1] += (ds.double() * final.double()).sum(dim=(-1, -2))
+    return torch.flip(torch.cumsum(torch.flip(dG, [-1]), -1), [-1])
 
 
 def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, need_b: bool, need_c: bool,
-                 need_v: bool, need_state: bool):
+                 need_v: bool, need_state: bool, log_decay=None):
     """The output's share of the gradients: the three calls of docs/design.md §10.1 with no final-state term.
 
     ``grad_out`` is ∂L/∂O in ``layout`` (or None: every result None); ``s0`` the forward's initial state (or
     None).  Returns ``(db, dc, dv, state_rev)``, each None unless asked for: db, dc, dv in the inputs' dtype,
     and ``state_rev`` = Σ_i γ^i b_iᵀ do_i (float32 ``(batch, heads, r, d)``), the reversed dv call's final
     state, from which :func:`initial_state_grad` forms dS₀.
+
+    With a per-token decay a (``log_decay``, in ``layout``), db's call takes a as it is, and the reversed
+    calls take the reversed decays a'_t = a_{n−t} (a'_0 = 0: M transposed, docs/design.md §10.6), on reversed
+    copies; ``state_rev`` is then Σ_i exp(a_1 + … + a_i) b_iᵀ do_i.
     """
     db = dc = dv = state_rev = None
     if grad_out is None:
@@ -99,11 +176,15 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
         # a gradient may come expanded (stride 0): the call gets a copy, freed when it returns
         do = grad_out.contiguous()
         s0_t = None if s0 is None else s0.transpose(-1, -2)
-        db = forward_call(op, do, v, c, gamma, layout, initial_state=s0_t)
+        db = forward_call(op, do, v, c, gamma, layout, initial_state=s0_t, log_decay=log_decay)
         if db is None:
-            db = op(do, v, c, gamma, initial_state=s0_t)
+            kw = {} if log_decay is None else {"log_decay": log_decay}
+            db = op(do, v, c, gamma, initial_state=s0_t, **kw)
     if not (need_c or need_v or need_state):
         return db, dc, dv, state_rev
+    if log_decay is not None:
+        return (db,) + _reversed_per_token(op, b, c, v, gamma, grad_out, layout, log_decay, need_c=need_c,
+                                           need_v=need_v, need_state=need_state)
     # the reversed calls read the tensors as they are (docs/design.md §10.3); a call whose method cannot
     # takes reversed copies, each freed as soon as its last call has read it (peak memory), b and do shared
     b_rev = do_rev = None
@@ -138,6 +219,37 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
     return db, dc, dv, state_rev
 
 
+def reversed_decay(log_decay: torch.Tensor, layout: str) -> torch.Tensor:
+    """The per-token decay of the operator run backwards in time: a'_t = a_{n−t} for t ≥ 1, a'_0 = 0, so that
+    a'_{i'+1} + … + a'_{j'} = a_{j+1} + … + a_i for i' = n − 1 − i, j' = n − 1 − j (Mᵀ reversed is M's form).
+    A new tensor in ``layout``'s order."""
+    axis = 2 if layout == "bhnd" else 1
+    a = log_decay.detach()
+    flipped = torch.flip(a, [axis]).narrow(axis, 0, max(a.shape[axis] - 1, 0))
+    zero = torch.zeros_like(a.narrow(axis, 0, min(1, a.shape[axis])))
+    return torch.cat([zero, flipped], dim=axis)
+
+
+def _reversed_per_token(op: Operator, b, c, v, gamma, grad_out, layout: str, log_decay, *, need_c: bool,
+                        need_v: bool, need_state: bool):
+    """dc, dv and ``state_rev`` of :func:`output_grads` with a per-token decay: the reversed calls on
+    reversed copies with :func:`reversed_decay`."""
+    dc = dv = state_rev = None
+    a_rev = reversed_decay(log_decay, layout)
+    v_rev, b_rev, do_rev = reverse_rows([v, b, grad_out], layout, check=False)
+    if need_c:
+        rev = op(v_rev, do_rev, b_rev, gamma, log_decay=a_rev)
+        (dc,) = reverse_rows([rev], layout, check=False)
+    del v_rev
+    if need_v or need_state:
+        (c_rev,) = reverse_rows([c], layout, check=False)
+        res = op(c_rev, b_rev, do_rev, gamma, return_state=need_state, log_decay=a_rev)
+        rev, state_rev = res if need_state else (res, None)
+        if need_v:
+            (dv,) = reverse_rows([rev], layout, check=False)
+    return dc, dv, state_rev
+
+
 def reversed_call(op: Operator, b, c, v, gamma, layout: str, *, return_state: bool = False):
     """flip(op(flip(b), flip(c), flip(v))) -- the operator run backwards in time -- with no copy, or None.
 
@@ -163,7 +275,7 @@ def reversed_call(op: Operator, b, c, v, gamma, layout: str, *, return_state: bo
     return (out, p.state) if return_state else out
 
 
-def forward_call(op: Operator, b, c, v, gamma, layout: str, *, initial_state=None):
+def forward_call(op: Operator, b, c, v, gamma, layout: str, *, initial_state=None, log_decay=None):
     """``op(b, c, v, gamma, initial_state=…)`` as the backward's db call makes it: a problem whose bfloat16
     operands are formed in two parts (``Problem.two_part``, docs/design.md §10.4), as the reversed calls'
     are; or None, having run nothing, where ``op`` is not a ``functools.partial`` of ``linear_attention``
@@ -173,8 +285,10 @@ def forward_call(op: Operator, b, c, v, gamma, layout: str, *, initial_state=Non
     if spec is None:
         return None
     name, precision = spec
+    if log_decay is not None and not registry.supports_per_token(name):
+        return None
     p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, precision=precision,
-                          two_part=True)
+                          two_part=True, log_decay=log_decay)
     run_problem(p, name)
     return out
 
@@ -207,6 +321,36 @@ def log2_gamma(gamma, heads: int, device) -> Optional[torch.Tensor]:
     """λ = log2 γ in float64, ``(heads,)``, or None without decay (NaN outside (0, 1]: docs/design.md §2.6)."""
     g = resolve_gamma(gamma, heads, device)
     return None if g is None else log2_gamma64(g)
+
+
+def add_tail_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tensor, tail: Optional[torch.Tensor],
+                   layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """``grad`` + exp(tail_j) x_j ds (x: the caller's ``(·, n, ·)`` tensor, ds ``(B, H, ·, ·)``), cast to ``dtype``;
+    ``tail`` ``(B or 1, H, n)`` float64 holds a_{j+1} + … + a_{n−1} ≤ 0 (γ^(n−1−j) for a constant decay), or
+    None without decay.
+
+    The sum is formed in float32 (float64 for float64 states) and rounded once.
+    """
+    acc = torch.promote_types(ds.dtype, torch.float32)
+    xb = to_bhnd(x, layout).to(acc)
+    term = (xb if tail is None else xb * torch.exp(tail).unsqueeze(-1).to(acc)) @ ds.to(acc)
+    term = to_bhnd(term, layout)                                                # the caller's layout
+    if grad is not None:
+        term = term + grad.to(acc)
+    return term.to(dtype)
+
+
+def initial_state_grad_of(state_rev: Optional[torch.Tensor], ds: Optional[torch.Tensor],
+                          G: Optional[torch.Tensor]) -> torch.Tensor:
+    """dS₀ = exp(a_0) · state_rev + exp(G_{n−1}) dS (γ · Σ_i γ^i b_iᵀ do_i + γ^n dS for a constant decay;
+    either part may be absent); ``G`` the prefix sum of :func:`decay_prefix`, or None without decay."""
+    parts = []
+    if state_rev is not None:
+        parts.append(state_rev if G is None else state_rev * torch.exp(G[..., 0]).view(*G.shape[:2], 1, 1).to(
+            state_rev.dtype))
+    if ds is not None:
+        parts.append(ds if G is None else ds * torch.exp(G[..., -1]).view(*G.shape[:2], 1, 1).to(ds.dtype))
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
 def _decay(lam: Optional[torch.Tensor], dist: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -245,6 +389,6 @@ def initial_state_grad(state_rev: Optional[torch.Tensor], ds: Optional[torch.Ten
     return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
-def attach_backward(op: Operator, b, c, v, gamma, *, layout: str, initial_state, return_state: bool):
+def attach_backward(op: Operator, b, c, v, gamma, *, layout: str, initial_state, return_state: bool, log_decay=None):
     """``op``'s result (o, or (o, state)) as outputs of a :class:`LinearAttentionFunction` node."""
-    return LinearAttentionFunction.apply(b, c, v, initial_state, gamma, op, layout, return_state)
+    return LinearAttentionFunction.apply(b, c, v, initial_state, gamma, op, layout, return_state, log_decay)

@@ -27,9 +27,9 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .autograd import add_state_term, initial_state_grad, log2_gamma, output_grads
+from .autograd import all_grads
 from .autotune.families import is_interpreting
-from .problem import check_constant_gamma, device_guards_only, make_problem, to_bhnd
+from .problem import device_guards_only, make_problem
 
 __all__ = ["bind", "is_compiling", "split_gamma", "linear_attention", "linear_attention_varlen", "decode_step",
            "decode_tokens", "OPS"]
@@ -133,20 +133,22 @@ def _no_state(like: Tensor) -> Tensor:
 @_custom_op("leettriton::linear_attention", mutates_args=())
 def _linear_attention(b: Tensor, c: Tensor, v: Tensor, gamma: Optional[Tensor], gamma_value: Optional[float],
                       initial_state: Optional[Tensor], method: str, layout: str, return_state: bool,
-                      precision: Optional[str]) -> tuple[Tensor, Tensor]:
+                      precision: Optional[str], log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     with torch.no_grad(), _guarded(v):
         res = _EAGER["linear_attention"](b, c, v, _gamma(gamma, gamma_value), method=method, layout=layout,
-                                         initial_state=initial_state, return_state=return_state, precision=precision)
+                                         initial_state=initial_state, return_state=return_state, precision=precision,
+                                         log_decay=log_decay)
     out, state = res if return_state else (res, _no_state(v))
     return out, _fresh(state, initial_state)
 
 
 @_linear_attention.register_fake
-def _linear_attention_fake(b, c, v, gamma, gamma_value, initial_state, method, layout, return_state, precision):
+def _linear_attention_fake(b, c, v, gamma, gamma_value, initial_state, method, layout, return_state, precision,
+                           log_decay=None):
     # the eager call's own checks of shapes, dtypes, devices and options, and its own allocations
     with torch.no_grad(), device_guards_only():
         p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
-                              precision=precision, differentiable=True)
+                              precision=precision, differentiable=True, log_decay=log_decay)
     return out, p.state if return_state else _no_state(v)
 
 
@@ -155,29 +157,22 @@ def _linear_attention_backward(grad_out: Optional[Tensor], grad_state: Optional[
                                v: Tensor, initial_state: Optional[Tensor], gamma: Optional[Tensor],
                                gamma_value: Optional[float], method: str, layout: str, precision: Optional[str],
                                need_b: bool, need_c: bool, need_v: bool,
-                               need_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The gradients (db, dc, dv, dS₀) of docs/design.md §10.1 by three calls of the forward; one not asked
-    for is an empty tensor."""
+                               need_state: bool, log_decay: Optional[Tensor] = None, final: Optional[Tensor] = None,
+                               need_gamma: bool = False,
+                               need_a: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients (db, dc, dv, dS₀, dγ, da) of docs/design.md §10.1 and §10.6 by three calls of
+    the forward; one not asked for is an empty tensor."""
     g = _gamma(gamma, gamma_value)
     with torch.no_grad(), _guarded(v):
         op = partial(_EAGER["linear_attention"], method=method, layout=layout, precision=precision)
-        db, dc, dv, state_rev = output_grads(op, b, c, v, initial_state, g, grad_out, layout, need_b=need_b,
-                                             need_c=need_c, need_v=need_v, need_state=need_state)
-        ds0 = None
-        if grad_state is not None or state_rev is not None:
-            heads, n = to_bhnd(b, layout).shape[1:3]
-            lam = log2_gamma(g, heads, v.device)
-            if grad_state is not None:
-                if need_c:
-                    dc = add_state_term(dc, v, grad_state.transpose(-1, -2), lam, layout, c.dtype)
-                if need_v:
-                    dv = add_state_term(dv, c, grad_state, lam, layout, v.dtype)
-            if need_state:
-                ds0 = initial_state_grad(state_rev, grad_state, lam, n)
-    inputs = (grad_out, grad_state, b, c, v, initial_state, gamma)
+        db, dc, dv, ds0, dgamma, da = all_grads(
+            op, b, c, v, initial_state, g, log_decay, final, grad_out, grad_state, layout, need_b=need_b,
+            need_c=need_c, need_v=need_v, need_s0=need_state, need_gamma=need_gamma, need_a=need_a)
+    inputs = (grad_out, grad_state, b, c, v, initial_state, gamma, log_decay)
     return tuple(_grad_result(x, like, need, *inputs)
                  for x, like, need in ((db, b, need_b), (dc, c, need_c), (dv, v, need_v),
-                                       (ds0, initial_state, need_state)))
+                                       (ds0, initial_state, need_state), (dgamma, gamma, need_gamma),
+                                       (da, log_decay, need_a)))
 
 
 def _grad_result(x: Optional[Tensor], like: Optional[Tensor], need: bool, *inputs) -> Tensor:
@@ -193,48 +188,54 @@ def _grad_result(x: Optional[Tensor], like: Optional[Tensor], need: bool, *input
 
 @_linear_attention_backward.register_fake
 def _linear_attention_backward_fake(grad_out, grad_state, b, c, v, initial_state, gamma, gamma_value, method, layout,
-                                    precision, need_b, need_c, need_v, need_state):
+                                    precision, need_b, need_c, need_v, need_state, log_decay=None, final=None,
+                                    need_gamma=False, need_a=False):
     def grad(like, need):
         if not need or like is None:
             return v.new_empty((0,), dtype=torch.float32 if like is None else like.dtype)
         return torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    return grad(b, need_b), grad(c, need_c), grad(v, need_v), grad(initial_state, need_state)
+    return (grad(b, need_b), grad(c, need_c), grad(v, need_v), grad(initial_state, need_state),
+            grad(gamma, need_gamma), grad(log_decay, need_a))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    b, c, v, gamma, gamma_value, initial_state, method, layout, return_state, precision = inputs
-    ctx.save_for_backward(b, c, v, initial_state, gamma)
+    b, c, v, gamma, gamma_value, initial_state, method, layout, return_state, precision, log_decay = inputs
+    decay_grad = (gamma is not None and gamma.requires_grad) or (log_decay is not None and log_decay.requires_grad)
+    final = output[1] if (return_state and decay_grad) else None
+    ctx.save_for_backward(b, c, v, initial_state, gamma, log_decay, final)
     ctx.options = (gamma_value, method, layout, precision)
     ctx.set_materialize_grads(False)  # a gradient that is not given (an unused output) is None, not zeros
 
 
 def _backward(ctx, grad_out, grad_state):
-    b, c, v, s0, gamma = ctx.saved_tensors
+    b, c, v, s0, gamma, log_decay, final = ctx.saved_tensors
     gamma_value, method, layout, precision = ctx.options
-    need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2], \
-        ctx.needs_input_grad[5]
+    need = ctx.needs_input_grad
+    need_b, need_c, need_v, need_s0 = need[0], need[1], need[2], need[5]
+    need_gamma = need[3] and gamma is not None
+    need_a = len(need) > 10 and need[10] and log_decay is not None
     if grad_state is not None and grad_state.numel() == 0:  # the state that was not asked for
         grad_state = None
     if grad_out is None and grad_state is None:
-        return None, None, None, None, None, None, None, None, None, None
-    db, dc, dv, ds0 = torch.ops.leettriton.linear_attention_backward(
+        return (None,) * len(need)
+    db, dc, dv, ds0, dgamma, da = torch.ops.leettriton.linear_attention_backward(
         grad_out, grad_state, b, c, v, s0, gamma, gamma_value, method, layout, precision, need_b, need_c, need_v,
-        need_s0 and s0 is not None)
-    return (db if need_b else None, dc if need_c else None, dv if need_v else None, None, None,
-            ds0 if need_s0 and s0 is not None else None, None, None, None, None)
+        need_s0 and s0 is not None, log_decay, final, need_gamma, need_a)
+    grads = (db if need_b else None, dc if need_c else None, dv if need_v else None, dgamma if need_gamma else None,
+             None, ds0 if need_s0 and s0 is not None else None, None, None, None, None, da if need_a else None)
+    return grads[:len(need)]
 
 
 _linear_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str = "bhnd", initial_state=None,
-                     return_state: bool = False, precision: Optional[str] = None):
+                     return_state: bool = False, precision: Optional[str] = None, log_decay=None):
     """:func:`leettriton.linear_attention` through its operator (the arguments and results are the same)."""
-    check_constant_gamma(gamma)
     heads = (b.shape[1] if layout == "bhnd" else b.shape[2]) if isinstance(b, Tensor) and b.dim() == 4 else None
     g, g_value = split_gamma(gamma, heads, v.device if isinstance(v, Tensor) else None)
     out, state = torch.ops.leettriton.linear_attention(b, c, v, g, g_value, initial_state, method, layout,
-                                                       bool(return_state), precision)
+                                                       bool(return_state), precision, log_decay)
     return (out, state) if return_state else out
 
 
@@ -242,15 +243,17 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
 
 @_custom_op("leettriton::decode_step", mutates_args=("state",))
 def _decode_step(b_t: Tensor, c_t: Tensor, v_t: Tensor, state: Tensor, gamma: Optional[Tensor],
-                 gamma_value: Optional[float], slot_ids: Optional[Tensor]) -> Tensor:
+                 gamma_value: Optional[float], slot_ids: Optional[Tensor],
+                 log_decay: Optional[Tensor] = None) -> Tensor:
     with torch.no_grad(), _guarded(v_t):
         out, _ = _EAGER["decode_step"](b_t, c_t, v_t, state, _gamma(gamma, gamma_value), slot_ids=slot_ids,
-                                       check_slots=False if slot_ids is not None and _skips(v_t) else True)
+                                       check_slots=False if slot_ids is not None and _skips(v_t) else True,
+                                       log_decay=log_decay)
     return out
 
 
 @_decode_step.register_fake
-def _decode_step_fake(b_t, c_t, v_t, state, gamma, gamma_value, slot_ids):
+def _decode_step_fake(b_t, c_t, v_t, state, gamma, gamma_value, slot_ids, log_decay=None):
     return torch.empty((b_t.shape[0], b_t.shape[1], v_t.shape[-1]), dtype=v_t.dtype, device=v_t.device)
 
 
@@ -262,16 +265,17 @@ def _skips(x: Tensor) -> bool:
 @_custom_op("leettriton::decode_tokens", mutates_args=("state",))
 def _decode_tokens(b: Tensor, c: Tensor, v: Tensor, state: Tensor, gamma: Optional[Tensor],
                    gamma_value: Optional[float], slot_ids: Optional[Tensor],
-                   keep_states: bool) -> tuple[Tensor, Tensor]:
+                   keep_states: bool, log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     with torch.no_grad(), _guarded(v):
         res = _EAGER["decode_tokens"](b, c, v, state, _gamma(gamma, gamma_value), slot_ids=slot_ids,
                                       keep_states=keep_states,
-                                      check_slots=False if slot_ids is not None and _skips(v) else True)
+                                      check_slots=False if slot_ids is not None and _skips(v) else True,
+                                      log_decay=log_decay)
     return res[0], res[2] if keep_states else _no_state(v)
 
 
 @_decode_tokens.register_fake
-def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_states):
+def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_states, log_decay=None):
     B, H, K, r = b.shape
     out = torch.empty((B, H, K, v.shape[-1]), dtype=v.dtype, device=v.device)
     if not keep_states:
@@ -279,16 +283,17 @@ def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_state
     return out, torch.empty((B, H, K + 1, r, v.shape[-1]), dtype=torch.float32, device=v.device)
 
 
-def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None):
+def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, log_decay=None):
     """:func:`leettriton.decode_step` through its operator: ``(o_t, state)``, ``state`` updated in place."""
     g, g_value = split_gamma(gamma)
-    return torch.ops.leettriton.decode_step(b_t, c_t, v_t, state, g, g_value, slot_ids), state
+    return torch.ops.leettriton.decode_step(b_t, c_t, v_t, state, g, g_value, slot_ids, log_decay), state
 
 
-def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False):
+def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False, log_decay=None):
     """:func:`leettriton.decode_tokens` through its operator."""
     g, g_value = split_gamma(gamma)
-    out, kept = torch.ops.leettriton.decode_tokens(b, c, v, state, g, g_value, slot_ids, bool(keep_states))
+    out, kept = torch.ops.leettriton.decode_tokens(b, c, v, state, g, g_value, slot_ids, bool(keep_states),
+                                                   log_decay)
     return (out, state, kept) if keep_states else (out, state)
 
 
@@ -298,12 +303,12 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor, gamma: Optional[Tensor],
                              gamma_value: Optional[float], method: str, state_pool: Optional[Tensor],
                              slot_ids: Optional[Tensor], has_initial_state: Optional[Tensor], return_state: bool,
-                             precision: Optional[str]) -> tuple[Tensor, Tensor]:
+                             precision: Optional[str], log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     with torch.no_grad(), _guarded(v):
         res = _EAGER["linear_attention_varlen"](
             b, c, v, cu_seqlens, _gamma(gamma, gamma_value), method=method, state_pool=state_pool,
             slot_ids=slot_ids, has_initial_state=has_initial_state, return_state=return_state, precision=precision,
-            check_indices=not _skips(v))
+            check_indices=not _skips(v), log_decay=log_decay)
     if return_state and state_pool is None:
         return res[0], res[1]
     return (res[0] if return_state else res), _no_state(v)
@@ -311,7 +316,7 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
 
 @_linear_attention_varlen.register_fake
 def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, method, state_pool, slot_ids,
-                                  has_initial_state, return_state, precision):
+                                  has_initial_state, return_state, precision, log_decay=None):
     T, H, r = b.shape
     out = torch.empty((T, H, v.shape[-1]), dtype=v.dtype, device=v.device)
     if return_state and state_pool is None:
@@ -320,12 +325,13 @@ def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, metho
 
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
-                            has_initial_state=None, return_state: bool = False, precision: Optional[str] = None):
+                            has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
+                            log_decay=None):
     """:func:`leettriton.linear_attention_varlen` through its operator."""
     g, g_value = split_gamma(gamma, b.shape[1], v.device)
     out, states = torch.ops.leettriton.linear_attention_varlen(b, c, v, cu_seqlens, g, g_value, method, state_pool,
                                                                slot_ids, has_initial_state, bool(return_state),
-                                                               precision)
+                                                               precision, log_decay)
     if not return_state:
         return out
     return out, (state_pool if state_pool is not None else states)

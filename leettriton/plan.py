@@ -66,8 +66,14 @@ def choose(p: Problem) -> tuple[str, Optional[Mapping]]:
     return fallback(p, family), None
 
 
+PER_TOKEN_AUTO = "causal_dot_product"
+"""``auto``'s method for a problem with a per-token decay (the one built-in whose kernel runs it)."""
+
+
 def _build(p: Problem, name: str, configs: Optional[Mapping]) -> Plan:
-    if name == "auto":
+    if name == "auto" and p.log_decay is not None:
+        name = PER_TOKEN_AUTO
+    elif name == "auto":
         name, configs = choose(p)
     user = registry.user_method(name)
     if user is not None:
@@ -92,7 +98,7 @@ def resolve(p: Problem, name: str, configs: Optional[Mapping] = None) -> Plan:
         return _build(p, name, configs)
     B, H, n, r, d = p.shape
     key = (name, p.v.device, p.v.dtype, p.gamma is not None, p.initial_state is not None, p.state is not None,
-           p.precision, B * H, n, r, d, _heuristics.generation())
+           p.precision, B * H, n, r, d, _heuristics.generation(), p.log_decay is not None)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _build(p, name, None)
@@ -153,6 +159,8 @@ def run_reversed(p: Problem, method: str) -> bool:
     """
     if not p.reverse:
         raise ValueError("run_reversed takes a reversed problem (Problem.reverse); run_problem runs the others")
+    if p.log_decay is not None:   # its reversed decays are shifted by a row: the backward makes them itself
+        return False
     B, H, n, r, d = p.shape
     if n == 0 or B == 0 or H == 0:
         run_problem(p, method)   # no rows: nothing is addressed

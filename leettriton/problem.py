@@ -23,7 +23,7 @@ __all__ = [
     "to_bhnd", "new_empty", "new_like", "output_template", "requires_grad", "check_autograd", "check_constant_gamma", "MAX_DIM", "DTYPES",
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
     "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed", "device_guards_only", "log2_gamma64",
-    "index_as_read", "check_own_memory", "check_unshared", "byte_extent",
+    "index_as_read", "check_own_memory", "check_unshared", "byte_extent", "resolve_log_decay", "check_log_decay_values",
 ]
 
 MAX_DIM = 1024
@@ -70,6 +70,9 @@ class Problem:
         r_piece: one piece of a wider r (kernels/pieces.py, which sets it): its masked scores are partial sums
             over its keys, and the chunk walk rounds them to 16 bits in two parts, where one rounding per
             piece would add up to more error than one of the whole score (docs/design.md §1.5).
+        log_decay: the per-token decay a_t ≤ 0 (natural log), a ``(B, H, n)`` view of the caller's tensor
+            with its strides (the ``bnhd`` layout's is transposed, not copied), float32 or the inputs'
+            dtype, or None; with it :attr:`gamma` is None (docs/design.md §1.6).
     """
 
     b: torch.Tensor
@@ -84,6 +87,7 @@ class Problem:
     reverse: bool = False
     two_part: bool = False
     r_piece: bool = False
+    log_decay: Optional[torch.Tensor] = None
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -128,7 +132,8 @@ class Problem:
         a method derives sub-problems of other shapes from the caller's (pieces of r, with a float32 output
         buffer between them, kernels/pieces.py; blocks of batch elements and heads, methods/recursion), each
         with or without its initial and final state.  Their other strides are the caller's."""
-        return self.shape, self.out.dtype, self.out.stride(), self.initial_state is None, self.state is None
+        return (self.shape, self.out.dtype, self.out.stride(), self.initial_state is None, self.state is None,
+                None if self.log_decay is None else self.log_decay.stride())
 
     def rows(self, start: int, stop: int) -> "Problem":
         """The sub-problem of rows [start, stop) of this problem (views, no copies; the states as they are).
@@ -136,12 +141,19 @@ class Problem:
         For a reversed problem those are rows [n − stop, n − start) of its tensors, still reversed."""
         n = self.b.shape[2]
         lo, hi = (n - stop, n - start) if self.reverse else (start, stop)
+        ld = None if self.log_decay is None else self.log_decay[:, :, lo:hi]
         return replace(self, b=self.b[:, :, lo:hi], c=self.c[:, :, lo:hi], v=self.v[:, :, lo:hi],
-                       out=self.out[:, :, lo:hi])
+                       out=self.out[:, :, lo:hi], log_decay=ld)
 
     @property
     def has_decay(self) -> bool:
+        """A constant decay per head (γ); the per-token decay is :attr:`per_token`."""
         return self.gamma is not None
+
+    @property
+    def per_token(self) -> bool:
+        """The problem has a per-token decay (:attr:`log_decay`)."""
+        return self.log_decay is not None
 
     @property
     def log2_gamma(self) -> Optional[torch.Tensor]:
@@ -267,12 +279,13 @@ def check_autograd(where: str, *tensors) -> None:
 
 
 def check_constant_gamma(gamma) -> None:
-    """γ is a constant: a gamma tensor that requires grad (with grad mode on) is refused, naming the feature."""
+    """γ is a constant here: a gamma tensor that requires grad (with grad mode on) is refused, naming the feature
+    (by the entry points without a decay gradient: decode, varlen, the oracle; linear_attention has one)."""
     if requires_grad(gamma):
         raise NotImplementedError(
-            "gamma requires grad, but leettriton treats the decay γ as a constant: gradients with respect to "
-            "gamma (a learnable decay) are not implemented. Pass gamma.detach() (gradients still flow to b, c, v "
-            "and initial_state).")
+            "gamma requires grad, but this entry point treats the decay γ as a constant: gradients with respect "
+            "to gamma (a learnable decay) are not implemented. Pass gamma.detach() (gradients still flow to b, c, v "
+            "and initial_state); linear_attention itself differentiates a learnable gamma.")
 
 
 # --------------------------------------------------------------------------- gamma
@@ -721,7 +734,7 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
                  precision: Optional[str] = None, where: str = "linear_attention",
                  device_types: tuple[str, ...] = DEVICE_TYPES,
                  differentiable: bool = False, reverse: bool = False,
-                 two_part: bool = False) -> tuple[Problem, torch.Tensor]:
+                 two_part: bool = False, log_decay=None) -> tuple[Problem, torch.Tensor]:
     """Validate a call and build its :class:`Problem`.
 
     ``device_types`` other than CPU and CUDA serve the package's own tools alone (the
@@ -763,13 +776,61 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
     d = vv.shape[-1]
     device = v.device
     gamma_h = resolve_gamma(gamma, H, device, lambda: _other_layout_hint(layout, b, gamma))
+    ld = None
+    if log_decay is not None:
+        ld = resolve_log_decay(log_decay, gamma, (B, H, n), v.dtype, device, layout, where)
+        if not differentiable:
+            check_autograd(where, log_decay)
 
     out_shape = (B, H, n, d) if layout == "bhnd" else (B, n, H, d)
     out_user = new_empty(out_shape, v.dtype, device)
     state = new_empty((B, H, r, d), torch.float32, device) if return_state else None
     problem = Problem(bb, cc, vv, gamma_h, initial_state, to_bhnd(out_user, layout), state, precision or "ieee",
-                      reverse=reverse, two_part=two_part)
+                      reverse=reverse, two_part=two_part, log_decay=ld)
     return problem, out_user
+
+
+def check_log_decay_values(log_decay: torch.Tensor) -> None:
+    """A per-token decay's values ≤ 0, checked for CPU tensors outside the interpreter only (a cheap host
+    reduction, on every call: nothing is remembered); elsewhere the kernels give NaN rows for a value > 0 or
+    NaN, and nothing is read on the host (docs/design.md §1.6)."""
+    if log_decay.device.type != "cpu" or _interpreting() or not log_decay.numel() or _GUARDS_ONLY.get():
+        return
+    bad = ~(log_decay.detach() <= 0)
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"log_decay must be ≤ 0 (a natural-log decay per token), got log_decay{list(at)} = "
+                         f"{float(log_decay.detach()[at])!r}")
+
+
+def resolve_log_decay(log_decay, gamma, shape: tuple, dtype: torch.dtype, device: torch.device, layout: str = "bhnd",
+                      where: str = "linear_attention", axes: Optional[str] = None) -> torch.Tensor:
+    """Validate a per-token decay and return the view the kernels read (docs/design.md §1.6).
+
+    ``shape`` is its shape in ``(batch, heads, n)`` order (the ``bnhd`` layout's tensor is ``(batch, n,
+    heads)``, read through a transposed view, never a copy); float32 or ``dtype`` (the inputs'); on
+    ``device``; exclusive with ``gamma``.  Its values (≤ 0) are not read on CUDA or under the interpreter
+    (no device sync): a value > 0 or NaN makes the rows it decays NaN.  On the CPU outside the
+    interpreter they are checked (a cheap host reduction).  ``axes`` names the dimensions in errors.
+    """
+    if gamma is not None:
+        raise ValueError(f"{where}: give gamma or log_decay, not both (log_decay = a per-token ln γ; a constant "
+                         f"decay is log_decay = ln γ for every token), got gamma={type_name(gamma)} and "
+                         f"log_decay={type_name(log_decay)}")
+    if not isinstance(log_decay, torch.Tensor):
+        raise TypeError(f"log_decay must be None or a torch.Tensor, got {type_name(log_decay)}")
+    if log_decay.dtype not in (torch.float32, dtype):
+        raise TypeError(f"log_decay must be float32 or the inputs' dtype {dtype}, got dtype {log_decay.dtype}")
+    want = shape if layout == "bhnd" else (shape[0], shape[2], shape[1])
+    if tuple(log_decay.shape) != tuple(want):
+        names = axes or ("(batch, heads, n)" if layout == "bhnd" else "(batch, n, heads)")
+        where_ = f" for layout '{layout}'" if axes is None else ""
+        raise ValueError(f"log_decay must have shape {names} = {tuple(want)}{where_}, got shape "
+                         f"{tuple(log_decay.shape)}")
+    if log_decay.device != device:
+        raise ValueError(f"log_decay must be on the inputs' device {device}, got {log_decay.device}")
+    check_log_decay_values(log_decay)
+    return log_decay if layout == "bhnd" or len(shape) != 3 else log_decay.transpose(1, 2)
 
 
 _CHECKED_SIGNATURES: set = set()

@@ -76,8 +76,30 @@ def _chunk(b, c, v, lam, state):
     return out, state
 
 
+def _chunk_per_token(b, c, v, a, state):
+    """:func:`_chunk` with a per-token decay ``a`` (B, H, T) ≤ 0 in float64: M[i, j] = exp(G_i − G_j) for
+    i ≥ j with G the chunk's prefix sum of a (G_i − G_j = a_{j+1} + … + a_i ≤ 0), selected by the causal mask
+    (never an entry above the diagonal multiplied by 0).  A value > 0 or NaN is NaN in every row it decays."""
+    T = b.shape[2]
+    a = torch.where(a <= 0, a, torch.full((), float("nan"), dtype=a.dtype, device=a.device))
+    G = torch.cumsum(a, dim=-1)                                         # [B, H, T]
+    t = torch.arange(T, device=b.device)
+    causal = t[:, None] >= t[None, :]
+    zero = torch.zeros((), dtype=torch.float64, device=b.device)
+    diff = G[..., :, None] - G[..., None, :]
+    mask = torch.where(causal, torch.exp(torch.where(causal, diff, zero)), zero)
+    scores = b @ c.transpose(-1, -2)
+    out = _lower_product(torch.where(causal, scores * mask, zero), v)
+    tail = (G[..., -1:] - G).unsqueeze(-1)                              # a_{j+1} + … + a_{T−1}: key j at the end
+    new = (c * torch.exp(tail)).transpose(-1, -2) @ v
+    if state is not None:
+        out = out + (b * torch.exp(G).unsqueeze(-1)) @ state
+        new = torch.exp(G[..., -1]).view(*G.shape[:2], 1, 1) * state + new
+    return out, new
+
+
 def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, return_state: bool = False,
-              precision: Optional[str] = None, device=None):
+              precision: Optional[str] = None, device=None, log_decay=None):
     """The float64 oracle, with the signature of :func:`leettriton.linear_attention`.
 
     Inputs are validated exactly as for ``linear_attention``; the computation is
@@ -92,13 +114,16 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
     Causal for any values: a non-finite input at row k reaches rows ≥ k only, each row that depends on it
     getting the value the definition gives it (docs/nonfinite.md).
 
-    Differentiable: when b, c, v or ``initial_state`` requires grad, autograd records the float64
-    computation, so its gradients are the oracle's gradients (γ stays a constant).  Give it float32
+    Differentiable: when b, c, v, ``initial_state`` or ``log_decay`` requires grad, autograd records the
+    float64 computation, so its gradients are the oracle's gradients (γ stays a constant).  Give it float32
     copies of 16-bit inputs to get them back in float32.
+
+    ``log_decay``: the per-token decay of :func:`leettriton.linear_attention` (docs/design.md §1.6),
+    M[i, j] = exp(a_{j+1} + … + a_i) from differences of its prefix sum within a chunk, in float64.
     """
     check_bool("return_state", return_state)
     p, _ = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=False,
-                        precision=precision, where="reference", differentiable=True)
+                        precision=precision, where="reference", differentiable=True, log_decay=log_decay)
     B, H, n, r, d = p.shape
     dev = torch.device(device) if device is not None else p.v.device
     lam = None
@@ -110,7 +135,11 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
     for t0 in range(0, n, step):
         sl = slice(t0, min(n, t0 + step))
         bb, cc, vv = (x[:, :, sl].to(device=dev, dtype=torch.float64) for x in (p.b, p.c, p.v))
-        out[:, :, sl], state = _chunk(bb, cc, vv, lam, state)
+        if p.log_decay is not None:
+            a = p.log_decay[:, :, sl].to(device=dev, dtype=torch.float64)
+            out[:, :, sl], state = _chunk_per_token(bb, cc, vv, a, state)
+        else:
+            out[:, :, sl], state = _chunk(bb, cc, vv, lam, state)
     if state is None:
         state = torch.zeros((B, H, r, d), dtype=torch.float64, device=dev)
     out = _bhnd(out, layout)

@@ -30,7 +30,7 @@ from .methods import BUILTIN_METHODS, Method
 from .problem import Problem, type_name
 
 __all__ = ["install_builtins", "register_method", "canonical_method", "method_names", "builtin", "torch_twin",
-           "user_method", "UserMethod", "BUILTIN_METHODS", "ALIASES"]
+           "user_method", "UserMethod", "BUILTIN_METHODS", "ALIASES", "per_token_methods", "check_per_token", "supports_per_token"]
 
 _BUILTIN: dict[str, Method] = {}
 _TORCH: dict[str, Callable[[Problem], None]] = {}   # "<name>_torch" -> PyTorch version
@@ -73,6 +73,27 @@ def torch_twin(name: str) -> Optional[str]:
 
 def user_method(name: str) -> Optional["UserMethod"]:
     return _USER.get(name)
+
+
+def per_token_methods() -> tuple[str, ...]:
+    """The names that take a per-token decay (``log_decay``, docs/design.md §1.6): ``auto``, the built-ins
+    whose :class:`Method` says ``per_token_decay``, and every ``_torch`` twin."""
+    return ("auto",) + tuple(n for n, m in _BUILTIN.items() if m.per_token_decay) + tuple(_TORCH)
+
+
+def supports_per_token(name: str) -> bool:
+    """Whether method ``name`` (canonical) takes a per-token decay."""
+    return name == "auto" or name in _TORCH or (name in _BUILTIN and _BUILTIN[name].per_token_decay)
+
+
+def check_per_token(name: str) -> None:
+    """A call with ``log_decay`` of method ``name`` (canonical): ``NotImplementedError`` naming the methods
+    that support it, when this one does not (a user method never does: its contract has no such argument)."""
+    if supports_per_token(name):
+        return
+    raise NotImplementedError(
+        f"method {name!r} does not support a per-token decay (log_decay) yet; methods that do: "
+        f"{', '.join(repr(m) for m in per_token_methods())}")
 
 
 def canonical_method(method) -> str:

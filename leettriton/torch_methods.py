@@ -22,6 +22,10 @@ Causal for any values (docs/nonfinite.md): masked and decayed-away scores are se
 multiplied by zero, and a product of a lower-triangular matrix with values (:func:`_lower_product`)
 lets a non-finite value at row k reach rows ≥ k only.
 
+With a per-token decay (``p.log_decay``, docs/design.md §1.6) every twin runs :func:`_per_token_chunks`
+with its own block length: the chunked form with the cumulative log-decay G within each block, in float32,
+every factor exp(G_i − G_j) or exp(G_last − G_j) of a non-positive exponent (never a division).
+
 ``config`` is accepted for the common method signature; the block sizes below
 are fixed (they bound memory, and need no tuning for a reference path).
 """
@@ -203,6 +207,48 @@ def _pad_chunks(x: torch.Tensor, T: int, front: int, back: int) -> torch.Tensor:
     return x.reshape(B, H, (n + front + back) // T, T, f)
 
 
+def _per_token_chunks(p: Problem, T: int) -> None:
+    """Fill ``p.out`` (and ``p.state``) for a problem with a per-token decay a (``p.log_decay``), in blocks
+    of T rows carried through the state (docs/design.md §1.6).  Within a block, with G_i = a_0 + … + a_i
+    (the block's own rows, float32):
+
+        O_i  = Σ_{j ≤ i} exp(G_i − G_j) (b_i · c_j) v_j + exp(G_i) b_i S
+        S'   = exp(G_last) S + Σ_j exp(G_last − G_j) c_jᵀ v_j
+
+    Each exponent is a sum of decays, ≤ 0; the causal mask selects (above the diagonal is never formed).
+    A value > 0 or NaN makes every row it decays NaN.  Differentiable in a too (autograd records it)."""
+    B, H, n, r, d = p.shape
+    b, c, v = _inputs(p)
+    a = p.log_decay.to(b.dtype)
+    a = torch.where(a <= 0, a, torch.full((), float("nan"), dtype=a.dtype, device=a.device))
+    S = p.initial_state
+    T = max(1, min(T, n))
+    for t0 in range(0, n, T):
+        sl = slice(t0, min(n, t0 + T))
+        bb, cc, vv = b[:, :, sl], c[:, :, sl], v[:, :, sl]
+        G = torch.cumsum(a[:, :, sl], dim=-1)                              # [B, H, T]
+        m = G.shape[-1]
+        t = torch.arange(m, device=b.device)
+        causal = t[:, None] >= t[None, :]
+        diff = torch.where(causal, G[..., :, None] - G[..., None, :], 0.0)
+        mask = torch.where(causal, torch.exp(diff), 0.0)
+        scores = torch.where(causal, (bb @ cc.transpose(-1, -2)) * mask, 0.0)
+        o = _lower_product(scores, vv)
+        tail = torch.exp(G[..., -1:] - G).unsqueeze(-1)                   # exp(a_{j+1} + … + a_last)
+        local = (cc * tail).transpose(-1, -2) @ vv
+        if S is not None:
+            o = o + (bb * torch.exp(G).unsqueeze(-1)) @ S.to(b.dtype)
+            S = torch.exp(G[..., -1]).view(B, H, 1, 1) * S + local
+        else:
+            S = local
+        p.out[:, :, sl].copy_(o)
+    if p.state is not None:
+        if S is None:
+            p.state.zero_()
+        else:
+            p.state.copy_(S)
+
+
 # --------------------------------------------------------------------------- the six methods
 
 def vanilla_torch(p: Problem, config: Optional[Mapping] = None) -> None:
@@ -217,6 +263,8 @@ def vanilla_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     memory never grows like n².  The final state is one advance over the whole
     sequence.  Cost O(n² (r + d)).
     """
+    if p.log_decay is not None:
+        return _per_token_chunks(p, _VANILLA_ROWS)
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
     lam = p.log2_gamma
@@ -251,6 +299,8 @@ def causal_dot_product_torch(p: Problem, config: Optional[Mapping] = None) -> No
     the next block.  Cost O(n r d log T); memory T·r·d per batch element and
     head (T shrinks when batch · heads · r · d is large).
     """
+    if p.log_decay is not None:
+        return _per_token_chunks(p, _SCAN_ROWS)
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
     lam = p.log2_gamma
@@ -273,6 +323,8 @@ def lightning_attention_torch(p: Problem, config: Optional[Mapping] = None) -> N
     inter-chunk term γ^(i+1) b_i S; then S ← γ^T S + Σ_j γ^(T−1−j) c_jᵀ v_j.
     Cost O(n T (r + d) + n r d); memory O(T² + r d) per batch element and head.
     """
+    if p.log_decay is not None:
+        return _per_token_chunks(p, _CHUNK)
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
     lam = p.log2_gamma
@@ -304,6 +356,8 @@ def block_based_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     (so padding never enters it).  Cost O(n T (r + d) + n r d); memory
     O(n T + n r d / T) per batch element and head.
     """
+    if p.log_decay is not None:
+        return _per_token_chunks(p, _PARALLEL_CHUNK)
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
     lam = p.log2_gamma
@@ -337,6 +391,8 @@ def recursion_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     state.  The initial state adds γ^(t+1) b_t S₀ to the output and γ^n S₀ to
     the final state.  Cost O(n log n · r d + n L0 (r + d)).
     """
+    if p.log_decay is not None:
+        return _per_token_chunks(p, _LEAF)
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
     lam = p.log2_gamma
@@ -373,6 +429,8 @@ def fleet_attention_torch(p: Problem, config: Optional[Mapping] = None) -> None:
     batch element and head.  Cost O(n T r d) in matmuls; the carries, O(r d),
     after the last block are the final state.
     """
+    if p.log_decay is not None:
+        return _per_token_chunks(p, _FLEET_ROWS)
     B, H, n, r, d = p.shape
     b, c, v = _inputs(p)
     lam = p.log2_gamma

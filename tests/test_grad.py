@@ -187,14 +187,20 @@ def test_two_piece_training_equals_one_piece(method):
 
 
 @pytest.mark.parametrize("method", ["lightning_attention", "vanilla_torch", "auto"])
-def test_gamma_that_requires_grad_is_refused(method):
+def test_gamma_that_requires_grad_gets_its_gradient(method):
+    """A learnable γ: dγ_h = Σ_t da_t / γ_h (docs/gradients.md), against float64 autograd through the oracle
+    with a_t = ln γ_h (tests/test_log_decay.py checks it further)."""
     b, c, v, _, _ = Case(1, 2, 9, 3, 4).tensors(DEVICE)
     gamma = torch.tensor([0.9, 0.8], device=DEVICE, requires_grad=True)
     for grad_of_b in (False, True):   # γ alone, then γ and b
         b.requires_grad_(grad_of_b)
-        with pytest.raises(NotImplementedError, match=r"gradients with respect to gamma \(a learnable decay\) are "
-                                                      r"not implemented. Pass gamma.detach\(\)"):
-            leettriton.linear_attention(b, c, v, gamma, method=method)
+        out = leettriton.linear_attention(b, c, v, gamma, method=method)
+        go = torch.randn_like(out)
+        (dg,) = torch.autograd.grad((out * go).sum(), gamma)
+        a = torch.log(gamma).view(1, 2, 1).expand(1, 2, 9)
+        ref = leettriton.reference(b, c, v, log_decay=a)
+        (rg,) = torch.autograd.grad((ref * go.double()).sum(), gamma)
+        assert torch.allclose(dg.double(), rg.double(), rtol=1e-4, atol=1e-5)
     out = leettriton.linear_attention(b, c, v, gamma.detach(), method=method)
     assert out.grad_fn is not None
 

@@ -186,7 +186,8 @@ def test_return_state_not_bool():
 
 def test_autograd_guard():
     """decode_step has no backward (it updates the state in place): it refuses inputs that require grad;
-    linear_attention differentiates them; a gamma that requires grad is refused by both (docs/design.md §10)."""
+    linear_attention differentiates them, and a gamma that requires grad too (a learnable decay); decode_step and
+    the oracle refuse such a gamma (docs/design.md §10)."""
     b, c, v = inputs()
     b.requires_grad_(True)
     state = torch.zeros(1, 2, 4, 5, device=DEVICE)
@@ -197,8 +198,9 @@ def test_autograd_guard():
         out = call(b=b)
     assert out.grad_fn is None and torch.isfinite(out).all()
     gamma = torch.full((2,), 0.9, device=DEVICE, requires_grad=True)
-    for run in (lambda: call(gamma=gamma), lambda: call(b=b.detach(), gamma=gamma),
-                lambda: leettriton.decode_step(b[:, :, 0].detach(), c[:, :, 0], v[:, :, 0], state, gamma),
+    for run in (lambda: call(gamma=gamma), lambda: call(b=b.detach(), gamma=gamma)):
+        assert run().grad_fn is not None
+    for run in (lambda: leettriton.decode_step(b[:, :, 0].detach(), c[:, :, 0], v[:, :, 0], state, gamma),
                 lambda: leettriton.reference(b, c, v, gamma)):
         with pytest.raises(NotImplementedError, match="gradients with respect to gamma .* are not implemented"):
             run()

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..autotune import autotune, is_interpreting
+from ..autotune import autotune, is_interpreting, launch
 from ..autotune.configs import CompiledLaunches
 from . import decode_space as spaces
 from ..autotune.sizing import cdiv
@@ -119,7 +119,7 @@ def _decode_step_kernel(
     tl.store(p_o + o_v * o_strides[2], b_o.to(o_ptr.dtype.element_ty), mask=o_v < D)
 
 
-_TOKENS_KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY", "SLOTTED", "KEEP"]
+_TOKENS_KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY", "SLOTTED", "KEEP", "PER_TOKEN_DECAY"]
 
 
 @autotune(spaces.TOKENS, key=_TOKENS_KEY, restore_value=["st_ptr"])
@@ -128,6 +128,7 @@ def _decode_tokens_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, st_ptr, slot_ptr, keep_ptr,
     b_strides, c_strides, v_strides, o_strides, st_strides, keep_strides, H, R, D, K, SLOTS, BH_BUCKET,
     HAS_DECAY: tl.constexpr, SLOTTED: tl.constexpr, KEEP: tl.constexpr,
+    a_ptr, a_strides, PER_TOKEN_DECAY: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
     # b, c, v, o: (batch, head, token, column) strides; the state (row, head, key, value), its row the
@@ -140,12 +141,18 @@ def _decode_tokens_kernel(
     g_hi, g_lo = step_decay(lam)
     o_v = i_v * BV + tl.arange(0, BV)
     p_keep = keep_ptr + i_b * keep_strides[0] + i_h * keep_strides[1]
+    if PER_TOKEN_DECAY:  # token t's decay a_t of this row and head (docs/design.md §1.6)
+        p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
     for t in range(0, K):
+        if PER_TOKEN_DECAY:  # exp(a_t) = exp2(a_t · log2 e) ≤ 1; a_t > 0 or NaN gives NaN
+            a_t = tl.load(p_a + t * a_strides[2]).to(tl.float32)
+            g_hi = tl.where(a_t <= 0.0, tl.exp2(a_t * 1.4426950408889634), float("nan"))
+            g_lo = 0.0
         b_o = _token_pass(p_b + t * b_strides[2], p_c + t * c_strides[2], p_v + t * v_strides[2], p_st,
                           b_strides[3], c_strides[3], v_strides[3], st_strides[2], st_strides[3],
                           p_keep + t * keep_strides[2], keep_strides[2], keep_strides[3], keep_strides[4], (o_v * 0 + t) == 0,
                           o_v, R, D, g_hi, g_lo,
-                          HAS_DECAY, KEEP, SLOTTED, live, BK, BV)
+                          HAS_DECAY or PER_TOKEN_DECAY, KEEP, SLOTTED, live, BK, BV)
         if SLOTTED:
             b_o = tl.where(live, b_o, fill)
         tl.store(p_o + t * o_strides[2] + o_v * o_strides[3], b_o.to(o_ptr.dtype.element_ty), mask=o_v < D)
@@ -230,12 +237,13 @@ def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, st
     return _LAUNCHES.launch(_LAUNCHES.key(pinned, args, bh), grid, pinned, args, state.device)
 
 
-_TOKEN_LAUNCHES = CompiledLaunches(_decode_tokens_kernel, _POINTERS + ("slot_ptr", "keep_ptr"))
+_TOKEN_LAUNCHES = CompiledLaunches(_decode_tokens_kernel, _POINTERS + ("slot_ptr", "keep_ptr", "a_ptr"))
 """The multi-token step's compiled kernels, launched directly as the one-token step's are."""
 
 
-def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept) -> None:
-    """The k-token step in PyTorch, for CPU tensors outside the interpreter (float64 inside)."""
+def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept, log_decay=None) -> None:
+    """The k-token step in PyTorch, for CPU tensors outside the interpreter (float64 inside); ``log_decay``
+    ``(B, H, k)``: token t's factor exp(a_t) (NaN for a_t > 0 or NaN), instead of γ."""
     B, H, K, r = b.shape
     if slot_ids is None:
         rows, live = torch.arange(B), torch.ones(B, dtype=torch.bool)
@@ -248,7 +256,12 @@ def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept) -> None:
         kept[:, :, 0] = s * live.view(B, 1, 1, 1)
     for t in range(K):
         new = c[:, :, t].double().unsqueeze(-1) * v[:, :, t].double().unsqueeze(-2)
-        s = new + (s if gamma is None else gamma.double().view(1, -1, 1, 1) * s)
+        if log_decay is not None:
+            a = log_decay[:, :, t].double()
+            f = torch.where(a <= 0, torch.exp(a.clamp(max=0)), torch.full((), float("nan"), dtype=torch.float64))
+            s = new + f.view(B, H, 1, 1) * s
+        else:
+            s = new + (s if gamma is None else gamma.double().view(1, -1, 1, 1) * s)
         out[:, :, t] = torch.where(live.view(B, 1, 1), (b[:, :, t].double().unsqueeze(-2) @ s).squeeze(-2), 0.0)
         if kept is not None:
             kept[:, :, t + 1] = s * live.view(B, 1, 1, 1)
@@ -259,17 +272,23 @@ def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept) -> None:
 def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
                        gamma: Optional[torch.Tensor], out: torch.Tensor, slot_ids: Optional[torch.Tensor] = None,
                        kept: Optional[torch.Tensor] = None,
-                       config: Optional[Mapping] = None) -> Optional[Callable[[tuple], bool]]:
+                       config: Optional[Mapping] = None,
+                       log_decay: Optional[torch.Tensor] = None) -> Optional[Callable[[tuple], bool]]:
     """Launch the k-token step (inputs validated by the public functions; docs/design.md §13.1).
 
     b, c: ``(B, H, k, r)``; v: ``(B, H, k, d)``; out: ``(B, H, k, d)``; state: float32, ``(B, H, r, d)``, or
     with ``slot_ids`` (``(B,)`` int32/int64) a pool ``(slots, H, r, d)``; updated in place.  ``kept``:
     float32 ``(B, H, k, r, d)`` that receives the state after each token, or None.
+    ``log_decay``: the per-token decay ``(B, H, k)`` (any strides; γ is then None), or None; the kernel's
+    ``PER_TOKEN_DECAY`` flag, off for a constant γ, which compiles as without it.
     Returns what repeats the launch, as :func:`decode_step_impl` does; it takes
-    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state)``.
+    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state, out)`` (the last: the per-token
+    decay's stand-in); with ``log_decay``, None (no repeat: the caller launches each call).
     """
     if state.device.type == "cpu" and not is_interpreting():
-        _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept)
+        _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept, log_decay)
+        if log_decay is not None:
+            return None
         return _TorchTokens(gamma is not None, slot_ids is not None, kept is not None)
     B, H, K, r = b.shape
     d = v.shape[-1]
@@ -281,9 +300,14 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
         st_strides=strides(state), keep_strides=strides(keep) if kept is not None else (0, 0, 0, 0, 0),
         H=H, R=r, D=d, K=K, SLOTS=state.shape[0], BH_BUCKET=(B * H).bit_length(),
         HAS_DECAY=gamma is not None, SLOTTED=slot_ids is not None, KEEP=kept is not None,
+        a_ptr=out if log_decay is None else log_decay,
+        a_strides=(0, 0, 0) if log_decay is None else tuple(log_decay.stride()), PER_TOKEN_DECAY=log_decay is not None,
     )
     grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     pinned = (config or {}).get(spaces.TOKENS.name)
+    if log_decay is not None:
+        launch(_decode_tokens_kernel, grid, pinned, **args)
+        return None
     # every argument but the tensors by value, the tensors by dtype, the config, and the grid's batch·heads
     return _TOKEN_LAUNCHES.launch(_TOKEN_LAUNCHES.key(pinned, args, B * H), grid, pinned, args, state.device)
 
@@ -295,7 +319,7 @@ class _TorchTokens:
         self.has_decay, self.slotted, self.keep = has_decay, slotted, keep
 
     def __call__(self, tensors) -> bool:
-        b, c, v, out, gamma, state, slot_ids, kept = tensors
+        b, c, v, out, gamma, state, slot_ids, kept, _ = tensors
         _decode_tokens_torch(b, c, v, state, gamma if self.has_decay else None, out,
                              slot_ids if self.slotted else None, kept if self.keep else None)
         return True

@@ -70,6 +70,9 @@ class Method:
             correctly: every kernel it launches takes b, c, v and the output from ``problem_args``,
             and the launcher cuts the sequence only through ``Problem.rows``.  A method without it
             gets reversed copies from the backward instead.
+        per_token_decay: ``launch`` runs a problem with a per-token decay (``Problem.log_decay``,
+            docs/design.md §1.6); ``method="auto"`` with one picks such a method, and naming a method
+            without it raises ``NotImplementedError``.
     """
 
     name: str
@@ -80,3 +83,4 @@ class Method:
     alternatives: Callable[[Problem, Family], Sequence[Mapping[str, Mapping[str, int]]]] = no_alternatives
     whole_call: tuple[KernelSpace, ...] = ()
     runs_reversed: bool = False
+    per_token_decay: bool = False

@@ -14,4 +14,5 @@ METHOD = Method(
     spaces=(space.FWD,),
     torch_twin=causal_dot_product_torch,
     runs_reversed=True,
+    per_token_decay=True,
 )

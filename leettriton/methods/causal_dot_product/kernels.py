@@ -55,7 +55,7 @@ from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.abi import batch_head, head_log2_gamma, head_ptr, head_ptrs, problem_args, step_decay, store_tile
 
-_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "KW"]
+_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "KW", "PER_TOKEN_DECAY"]
 _MAX_OFFSET = 2**31 - 1
 
 
@@ -98,7 +98,7 @@ def _step(b_s, b_c, b_v, g_hi, g_lo, HAS_DECAY: tl.constexpr):
 def _causal_dot_product_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    RW, stride_bnw, stride_cnw,
+    RW, stride_bnw, stride_cnw, a_ptr, a_strides, PER_TOKEN_DECAY: tl.constexpr,
     BK: tl.constexpr, KW: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr,
 ):
@@ -111,6 +111,8 @@ def _causal_dot_product_fwd_kernel(
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
     g_hi, g_lo = step_decay(lam)  # the decay of one step, exp2(λ · 1), in two parts
+    if PER_TOKEN_DECAY:  # the per-token decay a_t of this batch element and head (docs/design.md §1.6)
+        p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
 
     # Rows of b and c are read as 32-bit words (RW per row, stride_bnw apart): pairs of
     # 16-bit keys (KW = 2; keys 2w and 2w + 1 live in the state halves b_se and b_so), or
@@ -167,6 +169,10 @@ def _causal_dot_product_fwd_kernel(
     n_b = tl.load(p_b + (o_bw + o_t * stride_bnw), mask=(o_t < N) & m_w, other=0)  # [BKW, BT * BV]
     n_c = tl.load(p_c + (o_cw + o_t * stride_cnw), mask=(o_t < N) & m_w, other=0)
     n_v = tl.load(p_v + (o_vv + o_t * v_strides[2]), mask=(o_t < N) & m_v, other=0.0).to(tl.float32) * one
+    if PER_TOKEN_DECAY:  # the decays come in with their block, one block ahead as b, c and v do
+        n_a = tl.load(p_a + o_i * a_strides[2], mask=o_i < N, other=0.0).to(tl.float32) * one
+    else:
+        n_a = tl.zeros([BT], dtype=tl.float32)
     if KW == 1 and not IS_32:
         n_b = n_b.to(tl.float32) * one
         n_c = n_c.to(tl.float32) * one
@@ -179,12 +185,17 @@ def _causal_dot_product_fwd_kernel(
         o_tn = t0 + BT + o_jt[None, :]
         n_b = tl.load(p_b + (o_bw + o_tn * stride_bnw), mask=(o_tn < N) & m_w, other=0)
         n_c = tl.load(p_c + (o_cw + o_tn * stride_cnw), mask=(o_tn < N) & m_w, other=0)
+        b_a = n_a
         n_v = tl.load(p_v + (o_vv + o_tn * v_strides[2]), mask=(o_tn < N) & m_v, other=0.0).to(tl.float32) * one
+        if PER_TOKEN_DECAY:
+            n_a = tl.load(p_a + (t0 + BT + o_i) * a_strides[2], mask=t0 + BT + o_i < N, other=0.0).to(tl.float32) * one
         if KW == 1 and not IS_32:
             n_b = n_b.to(tl.float32) * one
             n_c = n_c.to(tl.float32) * one
 
         b_o = tl.zeros([BT, BV], dtype=tl.float32)
+        if PER_TOKEN_DECAY:  # the block's decays: exp(a) = exp2(a · log2 e) ≤ 1; a > 0 or NaN gives NaN
+            b_g = tl.where(b_a <= 0.0, tl.exp2(b_a * 1.4426950408889634), float("nan"))
         for i in tl.static_range(BT):
             m_i = o_i[None, :, None] == i
             w_b = _pick_row(b_bb, m_i)  # [BKW, BV]
@@ -192,16 +203,20 @@ def _causal_dot_product_fwd_kernel(
             b_v = _pick_row(b_vb, m_i)  # [1, BV]
             # a row past the end adds zero and must not decay the state either
             m_row = t0 + i < N
-            g_h = tl.where(m_row, g_hi, 1.0)
-            g_l = tl.where(m_row, g_lo, 0.0)
+            if PER_TOKEN_DECAY:  # the row's factor (a row past the end read a = 0: factor 1)
+                g_h = tl.sum(tl.where(o_i == i, b_g, 0.0), axis=0)
+                g_l = 0.0
+            else:
+                g_h = tl.where(m_row, g_hi, 1.0)
+                g_l = tl.where(m_row, g_lo, 0.0)
             if KW == 2:
                 b_be, b_bo = _unpack(w_b, BF16)
                 b_ce, b_co = _unpack(w_c, BF16)
-                b_se = _step(b_se, b_ce, b_v, g_h, g_l, HAS_DECAY)
-                b_so = _step(b_so, b_co, b_v, g_h, g_l, HAS_DECAY)
+                b_se = _step(b_se, b_ce, b_v, g_h, g_l, HAS_DECAY or PER_TOKEN_DECAY)
+                b_so = _step(b_so, b_co, b_v, g_h, g_l, HAS_DECAY or PER_TOKEN_DECAY)
                 b_ot = tl.sum(b_se * b_be + b_so * b_bo, axis=0, keep_dims=True)  # [1, BV] = b_t S_t
             else:
-                b_se = _step(b_se, w_c, b_v, g_h, g_l, HAS_DECAY)
+                b_se = _step(b_se, w_c, b_v, g_h, g_l, HAS_DECAY or PER_TOKEN_DECAY)
                 b_ot = tl.sum(b_se * w_b, axis=0, keep_dims=True)  # [1, BV] = b_t S_t
             b_o = tl.where(o_i[:, None] == i, b_ot, b_o)
         store_tile(p_o, b_o, t0 + o_i, o_v, o_strides[2], o_strides[3], N, D)
@@ -234,6 +249,13 @@ def _launch(p: Problem, config: Optional[Mapping]) -> None:
     # the row strides the kernel is given (negated for a reversed problem), in words
     args.update(RW=-(-r // kw), stride_bnw=args["b_strides"][2] // kw, stride_cnw=args["c_strides"][2] // kw,
                 KW=kw)
+    if p.log_decay is not None:
+        if p.reverse:
+            raise ValueError("causal_dot_product: a reversed problem with a per-token decay is not run (the "
+                             "backward reverses the decays itself)")
+        args.update(a_ptr=p.log_decay, a_strides=tuple(p.log_decay.stride()), PER_TOKEN_DECAY=True)
+    else:
+        args.update(a_ptr=p.out, a_strides=(0, 0, 0), PER_TOKEN_DECAY=False)
     grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     launch(_causal_dot_product_fwd_kernel, grid, (config or {}).get(spaces.FWD.name), **args)
 

@@ -15,7 +15,7 @@ import leettriton
 from leettriton import api
 from leettriton.autotune import configs
 from leettriton.kernels import decode
-from leettriton.methods.lightning_attention import kernels as walk
+from leettriton.methods.lightning_attention import kernels as lightning_attention
 from conftest import DEVICE, HAS_GPU
 from helpers import assert_close, tolerance
 
@@ -204,7 +204,7 @@ def test_every_kernel_argument_is_keyed_or_handed_over():
 
     from leettriton.kernels import segments
 
-    for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, walk._lightning_attention_fwd_kernel.launches,
+    for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, lightning_attention._lightning_attention_fwd_kernel.launches,
                      block_based._block_based_fwd_kernel.launches, segments._STATE_LAUNCHES, segments._SCAN_LAUNCHES):
         meta = {k for k in launches.kernel.space.cpu if k not in ("num_warps", "num_stages")}
         assert set(launches.by_value) | set(launches.pointers) | meta == set(launches.arg_names)

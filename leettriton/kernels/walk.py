@@ -49,9 +49,58 @@ Cost O(n T (r + d) + n r d); memory traffic b, c, v read once, o written once.
 The walk reads its rows only through the pointers and strides of ``problem_args``, so it runs a reversed
 problem (the backward's calls in reversed time: last row first, negated row strides, docs/design.md §10.3)
 unchanged, segments and all.
+
+Who walks: lightning_attention (whole sequences, its own instance and space), block_based and the
+sequence-parallel path (segments, through block_based's instance), the packed prefill (``launch_varlen_walk``,
+packed sequences), and the backward (reversed problems through the methods' launchers).  Every instance is
+compiled from the one body by :func:`chunk_walk_kernel`, each with its own config space (kernels/walk_space.py).
+
+The modes (the kernel's constexprs other than its config BT, BK, BV).  The launchers never set them by hand:
+:func:`walk_spec` derives all of them from the problem and the launch (one :class:`WalkSpec`), except ``REDO``,
+which :func:`redo_args` sets for the second launch.
+
+=============  ====================================================  =============================================
+mode           what it does                                          set from (allowed with)
+=============  ====================================================  =============================================
+HAS_DECAY      decays by γ (λ = log2 γ per head); off: γ = 1          a γ given
+HAS_INITIAL    reads a start state (else zero)                       an initial state given (varlen: the pool);
+                                                                     always for segments from the workspace
+STORE_STATE    writes the final state (the last segment's            a state asked for; never for segments from
+               programs; varlen: each sequence's row or slot)        the workspace (the state pass wrote it)
+DOT_PRECISION  the products' input precision ("ieee" or "tf32")      float32: the caller's; 16-bit: "tf32"
+SEGMENTED      one program per segment of SEG rows, its start        launch_chunk_walk with a workspace
+               state from the workspace (entry i_s·SUB)              (block_based, sequence parallelism)
+PREFIX         each segment's program sums its start state from      the plan's ``prefix`` (SEGMENTED, SUB = 1)
+               the segments' local states (no scan launch)
+VARLEN         a packed batch: rows from cu_seqlens, one program     launch_varlen_walk (not with SEGMENTED,
+               per sequence, its state row its own or its slot       PREFIX, TWO_PART, TMA, CUT)
+SLOTS          varlen state rows are pool slots (negative: none),    slot ids given (VARLEN only)
+               start state where has_initial_state says so
+RP             r rounded up to a power of two ≥ 16: NK = RP / BK     r (NK ≤ 4: r ≤ WALK_MAX_R)
+               register tiles of the state
+TWO_PART       bfloat16: the state operand and the decayed v in      the problem's ``two_part`` (the backward's
+               two bfloat16 parts, hi + lo                           bfloat16 calls; not VARLEN)
+PIECE          the masked scores' product with v in two parts        a piece of a wider r, 16-bit inputs
+ACC            adds the float32 sum of the pieces before this one    a piece of r after the first
+               to each output tile
+TMA            reads b, c, v through tensor descriptors              :func:`reads_by_descriptor` (not VARLEN,
+                                                                     not a reversed problem)
+CUT            zeroes c and v past a segment's end inside a chunk    TMA, and a segment (or the sequence) whose
+                                                                     length is no multiple of CHUNK_ROWS_MAX
+PDL            float16's redo is a programmatic dependent launch     a checked float16 walk on compute
+                                                                     capability 9 or more
+REDO           float16's second launch: walks again, scaled, the     :func:`redo_args` (the checked walk's
+               programs whose state copy failed its check            second launch only)
+=============  ====================================================  =============================================
+
+Derived in the kernel from these and the dtypes: ``NK``; ``MODE`` of :func:`_walk_chunks` (0: the state
+operand rounded as it is, bfloat16 and float32; 1: float16 checked, RP ≥ CHECKED_MIN_R; 2: float16 scaled,
+narrower r or ``REDO``); ``CAUSAL`` (the second walk of a program whose final state is non-finite or whose
+float16 scores left float16's range, docs/nonfinite.md).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, Optional
 
 import torch
@@ -687,6 +736,68 @@ def walk_flags(p, programs_per_row: int) -> Optional[torch.Tensor]:
 _varlen_walk_kernel = chunk_walk_kernel(spaces.VARLEN, compiled=False, restore_value=["st_ptr"])
 
 
+@dataclasses.dataclass(frozen=True)
+class WalkSpec:
+    """The modes of one walk launch: every constexpr of the kernel but its config (BT, BK, BV), as the
+    module docstring's table gives them.  Each is a function of the problem and of what the launcher was
+    asked for (whole sequence, segments, packed batch; a piece's partial sum): :func:`walk_spec` builds them,
+    the one place they are derived.  ``REDO`` is the redo launch's alone (:func:`redo_args`)."""
+    HAS_DECAY: bool
+    HAS_INITIAL: bool
+    STORE_STATE: bool
+    DOT_PRECISION: str
+    SEGMENTED: bool
+    PREFIX: bool
+    VARLEN: bool
+    SLOTS: bool
+    RP: int
+    TWO_PART: bool
+    PIECE: bool
+    ACC: bool
+    TMA: bool
+    CUT: bool
+    PDL: bool
+    REDO: bool = False
+
+    def constexprs(self) -> dict:
+        """The modes as the kernel's keyword arguments."""
+        return dict(vars(self))
+
+
+def walk_spec(p: Problem, flags: Optional[torch.Tensor], *, seg_len: Optional[int] = None, prefix: bool = False,
+              partial: Optional[torch.Tensor] = None) -> WalkSpec:
+    """The modes of the walk of ``p`` (the module docstring's table): a packed batch where ``p`` is a
+    :class:`~leettriton.problem.VarlenProblem`; else the whole sequence (``seg_len`` None), or segments of
+    ``seg_len`` rows whose start states are in a workspace or, with ``prefix``, summed by each program from
+    the segments' local states.  ``flags``: float16's check flags (:func:`walk_flags`; None: an unchecked
+    walk); ``partial``: the sum of the pieces of r before this one (None: none)."""
+    shared = problem_args(p)  # the flags every kernel takes: decay, initial and final state, precision
+    n, r = p.shape[2], p.shape[3]
+    varlen = isinstance(p, VarlenProblem)
+    segmented = seg_len is not None
+    # segments that start from their states in the workspace: the segment-state kernels folded the initial
+    # state in there, and wrote the final state
+    from_workspace = segmented and not prefix
+    tma = not varlen and reads_by_descriptor(p, cdiv(n, seg_len) if segmented else 1)
+    return WalkSpec(
+        HAS_DECAY=shared["HAS_DECAY"],
+        HAS_INITIAL=True if from_workspace else shared["HAS_INITIAL"],
+        STORE_STATE=False if from_workspace else shared["STORE_STATE"],
+        DOT_PRECISION=shared["DOT_PRECISION"],
+        SEGMENTED=segmented,
+        PREFIX=prefix,
+        VARLEN=varlen,
+        SLOTS=varlen and p.slot_ids is not None,
+        RP=pow2_at_least_16(r),
+        TWO_PART=not varlen and two_part(p),
+        PIECE=scores_in_two_parts(p),
+        ACC=partial is not None,
+        TMA=tma,
+        CUT=tma and (seg_len if segmented else n) % CHUNK_ROWS_MAX != 0,
+        PDL=redo_by_pdl(p, flags),
+    )
+
+
 def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[Mapping], *, ws=None,
                       seg_len: Optional[int] = None, prefix: bool = False, sub: int = 1,
                       partial: Optional[torch.Tensor] = None) -> None:
@@ -715,22 +826,16 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         return
     B, H, n, r, d = p.shape
     args = problem_args(p)
+    spec = walk_spec(p, flags, seg_len=None if ws is None else seg_len, prefix=prefix, partial=partial)
     if ws is None:
-        seg_len, ns, segmented = n, 1, False
+        seg_len, ns = n, 1
         ws = p.out  # unused stand-in
     else:
-        ns, segmented = cdiv(n, seg_len), True
-        if not prefix:
-            # every segment starts from its state in the workspace (the segment-state kernels folded in
-            # the initial state there, and wrote the final state)
-            args.update(HAS_INITIAL=True, STORE_STATE=False)
+        ns = cdiv(n, seg_len)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
-    tma = reads_by_descriptor(p, ns)
-    args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if segmented else 1, SUB=sub, cu_ptr=ws, slot_ptr=ws,
-                init_ptr=ws, NSLOTS=0, SEGMENTED=segmented, PREFIX=prefix, VARLEN=False, SLOTS=False, RP=pow2_at_least_16(r),
-                TWO_PART=two_part(p), PIECE=scores_in_two_parts(p), TMA=tma, CUT=tma and seg_len % CHUNK_ROWS_MAX != 0,
-                flag_ptr=p.out if flags is None else flags, REDO=False, PDL=redo_by_pdl(p, flags),
-                **partial_args(p, args, partial))
+    args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if spec.SEGMENTED else 1, SUB=sub, cu_ptr=ws,
+                slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=p.out if flags is None else flags,
+                **partial_args(p, args, partial), **spec.constexprs())
     p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None))
 
 
@@ -800,12 +905,13 @@ def scores_in_two_parts(p: Problem) -> bool:
 
 
 def partial_args(p: Problem, args: Mapping, partial: Optional[torch.Tensor]) -> dict:
-    """The walk's ``acc_ptr``, ``acc_strides`` and ``ACC`` for ``partial`` (or None: the output as an unread
-    stand-in), addressed as the output is: a reversed problem's from its last row (docs/design.md §10.3)."""
+    """The walk's ``acc_ptr`` and ``acc_strides`` for ``partial`` (or None: the output as an unread stand-in;
+    ``ACC``, which says which, is :func:`walk_spec`'s), addressed as the output is: a reversed problem's from
+    its last row (docs/design.md §10.3)."""
     if partial is None:
-        return dict(acc_ptr=args["o_ptr"], acc_strides=args["o_strides"], ACC=False)
+        return dict(acc_ptr=args["o_ptr"], acc_strides=args["o_strides"])
     ptr, st = reversed_rows(partial) if p.reverse else (partial, strides(partial))
-    return dict(acc_ptr=ptr, acc_strides=st, ACC=True)
+    return dict(acc_ptr=ptr, acc_strides=st)
 
 
 WALK_MAX_R = 256
@@ -832,10 +938,8 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
     args.update(ws_ptr=p.out, SEG=n, NS=seqs, NW=1, SUB=1, cu_ptr=p.cu_seqlens,
                 slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
-                SEGMENTED=False, PREFIX=False, VARLEN=True, SLOTS=p.slot_ids is not None, RP=pow2_at_least_16(r),
-                TWO_PART=False, PIECE=scores_in_two_parts(p), TMA=False, CUT=False,
-                flag_ptr=p.out if flags is None else flags, REDO=False, PDL=redo_by_pdl(p, flags),
-                **partial_args(p, args, partial))
+                flag_ptr=p.out if flags is None else flags, **partial_args(p, args, partial),
+                **walk_spec(p, flags, partial=partial).constexprs())
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call.  float16: the redo with the config the checked walk ran
     config = (config or {}).get(spaces.VARLEN.name)

@@ -17,7 +17,7 @@ from .compat import decoder_arguments
 from .kernels.decode import decode_step_impl, decode_tokens_impl
 from .autotune import is_interpreting
 from .methods import builtin_methods
-from .methods.lightning_attention.kernels import launch_varlen_walk
+from .kernels.walk import launch_varlen_walk
 from .plan import known_call, remember_call, resolve, run_problem
 from .problem import (Problem, byte_extent, check_autograd, check_bool, check_constant_gamma, check_dims,
                       check_gamma_values, check_index, check_own_memory, check_pool, check_slot_values, check_state,

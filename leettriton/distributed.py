@@ -38,7 +38,7 @@ from .autotune.families import current_family, is_interpreting
 from .kernels import segments
 from .methods.block_based.kernels import walk_segments
 from .methods.block_based.space import segmenting, state_pieces
-from .methods.lightning_attention.kernels import WALK_MAX_R
+from .kernels.walk import WALK_MAX_R
 from .plan import resolve, run_problem
 from .problem import DTYPES, LAYOUTS, Problem, check_state, log2_gamma64, make_problem, requires_grad
 

@@ -131,8 +131,9 @@ def test_float16_walk_flags_cover_every_walk_config():
     columns (docs/design.md §2.3): no walk config of any family may have narrower tiles (more programs)."""
     from leettriton.autotune.families import FAMILIES
     from leettriton.methods.block_based import space as block_based
-    from leettriton.methods.lightning_attention import kernels, space as lightning
-    widths = {c["BV"] for sp in (lightning.FWD, lightning.VARLEN, block_based.FWD) for f in FAMILIES
+    from leettriton.kernels import walk as kernels, walk_space
+    from leettriton.methods.lightning_attention import space as lightning
+    widths = {c["BV"] for sp in (lightning.FWD, walk_space.VARLEN, block_based.FWD) for f in FAMILIES
               for c in sp.family_configs(f)}
     assert min(widths) >= kernels.MIN_BV, sorted(widths)
     assert kernels.MIN_BV > 0

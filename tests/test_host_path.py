@@ -15,7 +15,7 @@ import leettriton
 from leettriton import api
 from leettriton.autotune import configs
 from leettriton.kernels import decode
-from leettriton.methods.lightning_attention import kernels as walk
+from leettriton.methods.lightning_attention import kernels as lightning_attention
 from conftest import DEVICE, HAS_GPU
 from helpers import assert_close, tolerance
 
@@ -204,7 +204,7 @@ def test_every_kernel_argument_is_keyed_or_handed_over():
 
     from leettriton.kernels import segments
 
-    for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, walk._lightning_attention_fwd_kernel.launches,
+    for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, lightning_attention._lightning_attention_fwd_kernel.launches,
                      block_based._block_based_fwd_kernel.launches, segments._STATE_LAUNCHES, segments._SCAN_LAUNCHES):
         meta = {k for k in launches.kernel.space.cpu if k not in ("num_warps", "num_stages")}
         assert set(launches.by_value) | set(launches.pointers) | meta == set(launches.arg_names)
@@ -377,3 +377,32 @@ def test_slotted_decode_repeats_through_the_pytorch_step(monkeypatch):
         padding = [i for i in range(B) if i not in live]
         assert torch.equal(o_t[padding], torch.zeros(len(padding), H, D, dtype=o_t.dtype)), f"slots {rows}: padding"
     assert len(api._TOKEN_STEPS) == 1
+
+
+def test_walk_spec_gives_every_mode_of_the_walk():
+    """The walk's launchers set no mode by hand: :class:`WalkSpec` holds every constexpr of the kernel but its
+    config (a constexpr added to the kernel without the spec fails here), and :func:`walk_spec` derives them
+    from the problem and the launch: segments from the workspace read a start state and store none, whole
+    sequences and prefix sums follow the problem's states, a piece after the first adds its partial sum."""
+    import dataclasses
+    import inspect
+
+    from leettriton.kernels import walk as chunk_walk
+    from leettriton.problem import make_problem
+
+    params = inspect.signature(chunk_walk._chunk_walk_fwd_kernel).parameters
+    constexprs = {name for name, prm in params.items() if prm.annotation == "tl.constexpr"}
+    assert {f.name for f in dataclasses.fields(chunk_walk.WalkSpec)} == constexprs - {"BT", "BK", "BV"}
+    assert set(chunk_walk.KEY) <= constexprs | {"R", "D"}
+
+    b, c, v = (torch.zeros(1, 2, 40, x, dtype=torch.bfloat16) for x in (24, 24, 8))
+    p, _ = make_problem(b, c, v, 0.9, return_state=True)
+    whole = chunk_walk.walk_spec(p, None)
+    assert (whole.HAS_DECAY, whole.HAS_INITIAL, whole.STORE_STATE, whole.SEGMENTED, whole.PREFIX) == \
+        (True, False, True, False, False)
+    assert (whole.VARLEN, whole.SLOTS, whole.RP, whole.ACC, whole.REDO) == (False, False, 32, False, False)
+    from_ws = chunk_walk.walk_spec(p, None, seg_len=16)
+    assert (from_ws.HAS_INITIAL, from_ws.STORE_STATE, from_ws.SEGMENTED, from_ws.PREFIX) == (True, False, True, False)
+    prefix = chunk_walk.walk_spec(p, None, seg_len=16, prefix=True, partial=torch.zeros(1))
+    assert (prefix.HAS_INITIAL, prefix.STORE_STATE, prefix.PREFIX, prefix.ACC) == (False, True, True, True)
+    assert whole.constexprs()["DOT_PRECISION"] == "tf32" and len(whole.constexprs()) == len(constexprs) - 3

@@ -377,7 +377,7 @@ def test_float16_redo_is_a_dependent_launch_on_sm90(method):
     plain.  Either way the call, with a state whose float16 copy overflows (so programs are flagged and the
     redo walks them again), matches the definition."""
     from leettriton.autotune import recording
-    from leettriton.methods.lightning_attention.kernels import redo_args
+    from leettriton.kernels.walk import redo_args
     g = torch.Generator().manual_seed(11)
     B, H, n, r, d = 1, 2, 150, 128, 40
     b = (torch.rand(B, H, n, r, generator=g) * 1e-4).to(torch.float16)
@@ -398,7 +398,7 @@ def test_float16_redo_is_a_dependent_launch_on_sm90(method):
     assert_close(out, ref, tolerance(torch.float16), f"{method} float16 with its redo")
 
 
-_DESCRIPTORS = (leettriton.methods.lightning_attention.kernels.DESCRIPTORS
+_DESCRIPTORS = (leettriton.kernels.walk.DESCRIPTORS
                 and (not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9))
 """Whether the walk may read through tensor descriptors here: a Triton that builds them, and the interpreter or
 sm_90 and later."""
@@ -418,7 +418,7 @@ def _walk(method, b, c, v, gamma):
 
 def _walk_by_pointer(monkeypatch, method, b, c, v, gamma):
     """:func:`_walk` with the walk reading through pointers (the descriptors' rule switched off)."""
-    from leettriton.methods.lightning_attention import kernels as walk
+    from leettriton.kernels import walk
     from leettriton.plan import clear_plans
 
     asked = []
@@ -438,7 +438,7 @@ def one_sm_walk(monkeypatch):
     """The walk's kernels module, its descriptor rule seeing a family of one multiprocessor (a GPU's count of
     programs would send a test's few heads through pointers: docs/design.md §3.4), and no plan of another call
     to replay, before the test or after it (a repeated signature replays its launches, descriptors and all)."""
-    from leettriton.methods.lightning_attention import kernels as walk
+    from leettriton.kernels import walk
 
     family = dataclasses.replace(walk.current_family(DEVICE), num_sms=1)
     monkeypatch.setattr(walk, "current_family", lambda device=None: family)
@@ -480,8 +480,8 @@ def test_reads_by_descriptor_only_where_a_descriptor_can_read_the_rows(monkeypat
     of 16 bytes, 16-byte aligned, rows forward, and more than half the multiprocessors with a program (counted
     with 128-wide value tiles); anything else reads through pointers (and still matches the oracle)."""
     from leettriton.autotune.families import FAMILIES
-    from leettriton.methods.lightning_attention import kernels as walk
-    from leettriton.methods.lightning_attention.kernels import reads_by_descriptor
+    from leettriton.kernels import walk
+    from leettriton.kernels.walk import reads_by_descriptor
 
     def problem(b, c, v, **kw):
         return make_problem(b, c, v, 0.95, **kw)[0]

@@ -300,12 +300,12 @@ VARLEN_ERRORS = {
 @pytest.mark.parametrize("name", list(VARLEN_ERRORS))
 def test_varlen_validation(name, monkeypatch):
     change, error, message = VARLEN_ERRORS[name]
-    from leettriton.methods.lightning_attention import kernels
+    from leettriton.kernels import walk
 
     def no_launch(*args, **kwargs):
         raise AssertionError("launched before the arguments were checked")
 
-    monkeypatch.setattr(kernels, "_launch_varlen_walk", no_launch)
+    monkeypatch.setattr(walk, "_launch_varlen_walk", no_launch)
     with pytest.raises(error, match=message):
         _varlen_call(**change)()
 

@@ -6,7 +6,7 @@ multiprocessors).  Then:
 
 1. ``segment_local_states`` (kernels/segments.py): the local state
    Σ_j γ^(e−1−j) c_jᵀ v_j of every segment but the last, in parallel;
-2. the lightning_attention chunk walk (methods/lightning_attention/kernels.py), one
+2. the chunk walk (kernels/walk.py), one
    program per (value tile, segment, batch·head), each starting from its
    segment's start state γ^(s·L) S₀ + Σ_{j<s} γ^((s−1−j)·L) S_loc[j], which it
    sums itself (the last segment's programs end with the final state):
@@ -38,7 +38,7 @@ from ..spec import Plan
 from . import space as spaces
 from ...kernels.segments import scan_segment_states, segment_local_states
 from ...kernels.pieces import in_r_pieces
-from ..lightning_attention.kernels import WALK_MAX_R, chunk_walk_kernel, launch_chunk_walk
+from ...kernels.walk import WALK_MAX_R, chunk_walk_kernel, launch_chunk_walk
 
 _block_based_fwd_kernel = chunk_walk_kernel(spaces.FWD)
 

@@ -1,6 +1,6 @@
 """Configs of the block_based chunk walk, and the rule that cuts the sequence into segments.
 
-block_based launches the lightning_attention chunk walk once per (segment,
+block_based launches the chunk walk (kernels/walk.py) once per (segment,
 value tile, batch·head), so its config space is the same walk space under its
 own name (its choices are tuned apart: its programs are shorter and more
 numerous).  The segment rule lives here, not in the launcher: it is a
@@ -17,8 +17,8 @@ from ...autotune.sizing import cdiv, elem_bytes, pow2
 from ...kernels.abi import problem_args
 from ...kernels.segments_space import segment_length as shared_segment_length
 from ...problem import Problem
-from ..lightning_attention.kernels import CHUNK_ROWS_MAX, WALK_MAX_R
-from ..lightning_attention.space import walk_space
+from ...kernels.walk import CHUNK_ROWS_MAX, WALK_MAX_R
+from ...kernels.walk_space import walk_space
 
 
 def _trial(config: Mapping[str, int], args: Mapping[str, Any], family: Family) -> bool:

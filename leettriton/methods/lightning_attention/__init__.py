@@ -1,6 +1,6 @@
 """lightning_attention: Lightning Attention-2: one fused chunk walk per sequence (docs/design.md §3).
 
-Its home: ``kernels.py`` (the Triton kernels and the launcher), ``space.py`` (the config
+Its home: ``kernels.py`` (its instance of the chunk walk, kernels/walk.py, and its launcher), ``space.py`` (the config
 table of its kernels per GPU family).
 """
 from ...torch_methods import lightning_attention_torch

@@ -79,17 +79,7 @@ def layer_arg(text: str) -> tuple[int, int, int]:
     return layer
 
 
-def fmt_ms(ms: Optional[float]) -> str:
-    """Milliseconds with 3-4 significant digits, or a dash."""
-    if ms is None:
-        return "—"
-    if ms >= 100:
-        return f"{ms:.0f}"
-    if ms >= 1:
-        return f"{ms:.2f}"
-    if ms >= 0.01:
-        return f"{ms:.3f}"
-    return f"{ms:.4f}"
+fmt_ms = render.fmt_ms   # milliseconds with 3-4 significant digits, or a dash: one formatter for runs and renders
 
 
 def fmt_err(e: Optional[float]) -> str:

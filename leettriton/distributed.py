@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import registry
+from . import ops, registry
 from .api import linear_attention as _single_device
 from .autograd import add_state_term, initial_state_grad, log2_gamma, output_grads
 from .autotune.families import current_family, is_interpreting
@@ -42,7 +42,7 @@ from .kernels.walk import WALK_MAX_R
 from .plan import resolve, run_problem
 from .problem import DTYPES, LAYOUTS, Problem, check_state, log2_gamma64, make_problem, requires_grad
 
-__all__ = ["linear_attention", "simulate", "combine_states", "combine_state_grads", "slice_state", "local_pass"]
+__all__ = ["linear_attention", "simulate", "start_weights", "combine_states", "combine_state_grads", "slice_state", "local_pass"]
 
 _WHERE = "leettriton.distributed.linear_attention"
 
@@ -104,6 +104,11 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     zeros. γ is a constant (a gamma that requires grad is refused); a backward with ``create_graph=True``
     raises ``NotImplementedError``.
 
+    Under ``torch.compile`` (``fullgraph=True`` included) the call is traced whole: the state pass as the
+    operator ``torch.ops.leettriton.slice_state``, torch's functional collectives, and the output pass as
+    :func:`leettriton.linear_attention`'s operator; the ranks' agreement is then not checked
+    (docs/sequence-parallel.md §11.7).
+
     Example (``torchrun --nproc-per-node 4 script.py``)::
 
         >>> torch.distributed.init_process_group("nccl")
@@ -125,6 +130,10 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     if world == 1:
         return _single_device(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
                               return_state=return_state, precision=precision)
+
+    if ops.is_compiling():  # a trace: registered operators and traceable collectives (§11.7)
+        return _traced(dist, group, rank, world, b, c, v, gamma, method, layout, initial_state, return_state,
+                       precision)
 
     comm = _comm_device(dist, group)
     error: Optional[BaseException] = None
@@ -587,3 +596,121 @@ def combine_state_grads(start_grads: torch.Tensor, lengths: Sequence[int], gamma
     dist = _host_to(torch.tensor(distance, dtype=torch.float64), grads.device)               # ≥ 0
     weights = torch.exp2(dist[:, None] * lam[None, :]).float()                                 # [later, H]
     return torch.einsum("kh,kbhrd->bhrd", weights, grads)
+
+
+# --------------------------------------------------------------------------- under torch.compile (§11.7)
+
+@ops.custom_op("leettriton::slice_state", mutates_args=())
+def _slice_state_op(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: Optional[torch.Tensor],
+                    gamma_value: Optional[float], initial_state: Optional[torch.Tensor], method: str, layout: str,
+                    precision: Optional[str]) -> torch.Tensor:
+    """:func:`slice_state` as a registered operator: the state after this rank's rows, float32 (B, H, r, d)."""
+    g = gamma if gamma is not None else gamma_value
+    with torch.no_grad(), ops.guarded(v):
+        name, p, _ = _local_problem(b, c, v, g, method, layout, initial_state, False, precision)
+        return slice_state(p, name)
+
+
+@_slice_state_op.register_fake
+def _slice_state_fake(b, c, v, gamma, gamma_value, initial_state, method, layout, precision):
+    with torch.no_grad(), ops.guarded(v):
+        _, p, _ = _local_problem(b, c, v, gamma if gamma is not None else gamma_value, method, layout, initial_state,
+                                 False, precision)
+    B, H, _, r, d = p.shape
+    return torch.empty((B, H, r, d), dtype=torch.float32, device=v.device)
+
+
+def _slice_state_setup(ctx, inputs, output) -> None:
+    b, c, v, gamma, gamma_value, initial_state, method, layout, precision = inputs
+    ctx.layout, ctx.gamma_value = layout, gamma_value
+    ctx.has_initial = initial_state is not None
+    ctx.save_for_backward(c, v, gamma)
+
+
+def _slice_state_backward(ctx, grad):
+    """dc_t = w_t v_t dSᵀ, dv_t = w_t c_t dS, dS₀ = γ^n dS with w_t = γ^(n − 1 − t) = exp2(λ (n − 1 − t)):
+    the derivative of S = γ^n S₀ + Σ_t w_t c_tᵀ v_t (b does not enter the state).  PyTorch products in float32."""
+    c, v, gamma = ctx.saved_tensors
+    to_bhnd = (lambda x: x) if ctx.layout == "bhnd" else (lambda x: x.transpose(1, 2))
+    cc, vv = to_bhnd(c).float(), to_bhnd(v).float()
+    H, n = vv.shape[1], vv.shape[2]
+    lam = _lambda(gamma, ctx.gamma_value, H, vv.device)
+    dc = vv @ grad.transpose(-1, -2)
+    dv = cc @ grad
+    ds0 = None
+    if lam is not None:
+        w = torch.exp2(lam[:, None] * (n - 1 - torch.arange(n, dtype=torch.float64, device=vv.device))).float()
+        dc, dv = dc * w[None, :, :, None], dv * w[None, :, :, None]
+        if ctx.has_initial:
+            ds0 = torch.exp2(lam * n).float().view(1, H, 1, 1) * grad
+    elif ctx.has_initial:
+        ds0 = grad.clone()
+    back = (lambda x: x) if ctx.layout == "bhnd" else (lambda x: x.transpose(1, 2))
+    return None, back(dc).to(c.dtype), back(dv).to(v.dtype), None, None, ds0, None, None, None
+
+
+_slice_state_op.register_autograd(_slice_state_backward, setup_context=_slice_state_setup)
+
+
+def _lambda(gamma: Optional[torch.Tensor], gamma_value: Optional[float], heads: int,
+            device: torch.device) -> Optional[torch.Tensor]:
+    """λ = log2 γ per head in float64 (NaN for a γ outside (0, 1]), or None without a decay."""
+    if gamma is not None:
+        return log2_gamma64(gamma.reshape(-1), device)
+    if gamma_value is not None:
+        return log2_gamma64(torch.full((heads,), gamma_value, dtype=torch.float64, device=device))
+    return None
+
+
+def start_weights(lengths: torch.Tensor, lam: Optional[torch.Tensor], upto: int) -> torch.Tensor:
+    """The factors γ^(s_upto − s_{j+1}) of :func:`combine_states`, float32 ``(upto, H)``, from the slices'
+    lengths as a float64 tensor (``(slices,)``, on the states' device): the traced path's form, which reads no
+    length on the host.  Every factor exp2(λ · distance) with distance ≥ 0 (docs/design.md §2.1)."""
+    ends = lengths[:upto].cumsum(0)                                        # s_{j+1}, j < upto
+    distance = ends[-1] - ends
+    if lam is None:
+        return torch.ones_like(distance, dtype=torch.float32)[:, None]
+    return torch.exp2(distance[:, None] * lam[None, :]).float()
+
+
+def _gather(fc, x: torch.Tensor, group, grad: bool) -> torch.Tensor:
+    """All ranks' ``x`` stacked on a new first dimension, by torch's functional collectives (which the compiler
+    traces); ``grad``: the autograd form, whose backward sums each rank's share over the ranks (a
+    reduce-scatter): the gradient of the sum of all ranks' losses, as in the eager path (§11.4)."""
+    x = x.unsqueeze(0).contiguous()
+    if grad:
+        gather = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
+        return gather(x, gather_dim=0, group=group)
+    return fc.all_gather_tensor(x, gather_dim=0, group=group)
+
+
+def _traced(dist, group, rank: int, world: int, b, c, v, gamma, method, layout, initial_state, return_state,
+            precision):
+    """The sequence-parallel call as ``torch.compile`` traces it (docs/sequence-parallel.md §11.7): the state
+    pass as the registered operator ``leettriton::slice_state``, one traced all-gather of the local states
+    (with autograd) and one of the slices' lengths, the start and final states as PyTorch products of those, and
+    the output pass as :func:`leettriton.linear_attention` from the start state (its own operator and
+    backward).  The ranks' agreement (§11.5) is not checked here: it needs a host read of the gathered
+    metadata, which a trace cannot hold."""
+    import torch.distributed._functional_collectives as fc  # noqa: PLC0415  (loaded with the trace)
+
+    if group is None:
+        group = dist.group.WORLD
+    heads = v.shape[1] if layout == "bhnd" else v.shape[2]
+    n = v.shape[2] if layout == "bhnd" else v.shape[1]
+    g_t, g_f = ops.split_gamma(gamma, heads, v.device)
+    if g_t is not None and g_t.requires_grad:
+        raise NotImplementedError(f"{_WHERE}: a gamma that requires grad is not supported across ranks")
+    s0 = initial_state if rank == 0 else None
+    local = _slice_state_op(b, c, v, g_t, g_f, s0, method, layout, precision)
+    grad = torch.is_grad_enabled()
+    states = _gather(fc, local, group, grad)                               # (world, B, H, r, d)
+    lengths = _gather(fc, torch.full((), n, dtype=torch.float64, device=v.device), group, False)
+    lam = _lambda(g_t, g_f, heads, v.device)
+    start = s0
+    if rank > 0:
+        start = torch.einsum("jh,jbhrd->bhrd", start_weights(lengths, lam, rank), states[:rank])
+    out = _single_device(b, c, v, gamma, method=method, layout=layout, initial_state=start, precision=precision)
+    if not return_state:
+        return out
+    return out, torch.einsum("jh,jbhrd->bhrd", start_weights(lengths, lam, world), states)

@@ -31,8 +31,8 @@ from .autograd import all_grads
 from .autotune.families import is_interpreting
 from .problem import device_guards_only, make_problem
 
-__all__ = ["bind", "is_compiling", "split_gamma", "linear_attention", "linear_attention_varlen", "decode_step",
-           "decode_tokens", "OPS"]
+__all__ = ["bind", "is_compiling", "custom_op", "guarded", "split_gamma", "linear_attention", "linear_attention_varlen",
+           "decode_step", "decode_tokens", "OPS"]
 
 _EAGER: dict[str, Callable] = {}
 
@@ -64,6 +64,11 @@ else:
 
     def _custom_op(name, *, mutates_args):
         return _Unregistered
+
+
+custom_op = _custom_op
+"""``torch.library.custom_op`` (a stand-in that registers nothing where torch lacks it): for the operators other
+modules above this one register (:mod:`leettriton.distributed`'s state pass)."""
 
 
 def bind(**entry_points: Callable) -> None:
@@ -101,7 +106,7 @@ def _gamma(gamma: Optional[Tensor], gamma_value: Optional[float]):
     return gamma if gamma is not None else gamma_value
 
 
-def _guarded(*tensors: Optional[Tensor]):
+def guarded(*tensors: Optional[Tensor]):
     """The context an operator's body runs in: where the kernels guard the values they read (CUDA tensors,
     or CPU tensors under the interpreter), no check reads them on the host, so no call syncs and a CUDA
     graph can capture it; the PyTorch twins (CPU outside the interpreter) keep their checks, which cost no
@@ -134,7 +139,7 @@ def _no_state(like: Tensor) -> Tensor:
 def _linear_attention(b: Tensor, c: Tensor, v: Tensor, gamma: Optional[Tensor], gamma_value: Optional[float],
                       initial_state: Optional[Tensor], method: str, layout: str, return_state: bool,
                       precision: Optional[str], log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    with torch.no_grad(), _guarded(v):
+    with torch.no_grad(), guarded(v):
         res = _EAGER["linear_attention"](b, c, v, _gamma(gamma, gamma_value), method=method, layout=layout,
                                          initial_state=initial_state, return_state=return_state, precision=precision,
                                          log_decay=log_decay)
@@ -163,7 +168,7 @@ def _linear_attention_backward(grad_out: Optional[Tensor], grad_state: Optional[
     """The gradients (db, dc, dv, dS₀, dγ, da) of docs/design.md §10.1 and §10.6 by three calls of
     the forward; one not asked for is an empty tensor."""
     g = _gamma(gamma, gamma_value)
-    with torch.no_grad(), _guarded(v):
+    with torch.no_grad(), guarded(v):
         op = partial(_EAGER["linear_attention"], method=method, layout=layout, precision=precision)
         db, dc, dv, ds0, dgamma, da = all_grads(
             op, b, c, v, initial_state, g, log_decay, final, grad_out, grad_state, layout, need_b=need_b,
@@ -245,7 +250,7 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
 def _decode_step(b_t: Tensor, c_t: Tensor, v_t: Tensor, state: Tensor, gamma: Optional[Tensor],
                  gamma_value: Optional[float], slot_ids: Optional[Tensor],
                  log_decay: Optional[Tensor] = None) -> Tensor:
-    with torch.no_grad(), _guarded(v_t):
+    with torch.no_grad(), guarded(v_t):
         out, _ = _EAGER["decode_step"](b_t, c_t, v_t, state, _gamma(gamma, gamma_value), slot_ids=slot_ids,
                                        check_slots=False if slot_ids is not None and _skips(v_t) else True,
                                        log_decay=log_decay)
@@ -266,7 +271,7 @@ def _skips(x: Tensor) -> bool:
 def _decode_tokens(b: Tensor, c: Tensor, v: Tensor, state: Tensor, gamma: Optional[Tensor],
                    gamma_value: Optional[float], slot_ids: Optional[Tensor],
                    keep_states: bool, log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    with torch.no_grad(), _guarded(v):
+    with torch.no_grad(), guarded(v):
         res = _EAGER["decode_tokens"](b, c, v, state, _gamma(gamma, gamma_value), slot_ids=slot_ids,
                                       keep_states=keep_states,
                                       check_slots=False if slot_ids is not None and _skips(v) else True,
@@ -304,7 +309,7 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
                              gamma_value: Optional[float], method: str, state_pool: Optional[Tensor],
                              slot_ids: Optional[Tensor], has_initial_state: Optional[Tensor], return_state: bool,
                              precision: Optional[str], log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    with torch.no_grad(), _guarded(v):
+    with torch.no_grad(), guarded(v):
         res = _EAGER["linear_attention_varlen"](
             b, c, v, cu_seqlens, _gamma(gamma, gamma_value), method=method, state_pool=state_pool,
             slot_ids=slot_ids, has_initial_state=has_initial_state, return_state=return_state, precision=precision,

@@ -398,12 +398,16 @@ def log2_gamma64(gamma: torch.Tensor, device: Optional[torch.device] = None) -> 
 
 def _float_gamma(g: float, heads: int, device: torch.device) -> torch.Tensor:
     """A float64 ``(heads,)`` tensor of ``g`` on ``device``, cached by value (it can never go stale)."""
+    if not isinstance(heads, int):   # a symbolic size while tracing: a tensor of the trace, never cached
+        return torch.full((heads,), g, dtype=torch.float64, device=device)
     key = (g, heads, device)
     hit = _FLOAT_GAMMAS.get(key)
     if hit is None:
-        if len(_FLOAT_GAMMAS) > 256:
-            _FLOAT_GAMMAS.clear()
-        hit = _FLOAT_GAMMAS[key] = torch.full((heads,), g, dtype=torch.float64, device=device)
+        hit = torch.full((heads,), g, dtype=torch.float64, device=device)
+        if type(hit) is torch.Tensor:   # never one made under torch.compile's fake mode: it holds no data
+            if len(_FLOAT_GAMMAS) > 256:
+                _FLOAT_GAMMAS.clear()
+            _FLOAT_GAMMAS[key] = hit
     return hit
 
 

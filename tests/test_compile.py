@@ -14,6 +14,7 @@ import torch._dynamo
 from torch.library import opcheck
 
 import leettriton
+import leettriton.distributed
 from leettriton.models import RetNetConfig, RetNetForCausalLM, TransNormerConfig, TransNormerForCausalLM
 from leettriton.nn import LinearAttentionCache, MultiScaleRetention, NormLinearAttention
 from leettriton.reference import tolerance
@@ -77,6 +78,18 @@ def test_a_float_gamma_and_the_method_functions_compile_whole():
     f = compiled(lambda b, c, v, g: leettriton.linear_attention(b, c, v, g))
     for g in (0.9, 0.5):                                   # a float argument of the compiled function
         assert torch.equal(f(b, c, v, g), leettriton.linear_attention(b, c, v, g))
+
+
+def test_a_float_gamma_first_met_while_tracing_serves_later_eager_calls():
+    """A float γ is held as a tensor cached by value; the first call that meets it may be a trace, whose
+    tensors are fake (no data): the cache must never keep one for the eager calls that follow."""
+    b, c, v = (rand(1, 2, 8, 4, seed=i) for i in range(3))
+    g = 0.8123456789                                      # a value no other test uses: first met here
+    state = torch.ops.leettriton.slice_state
+    s = compiled(lambda b, c, v: state(b, c, v, None, g, None, "vanilla", "bhnd", None))(b, c, v)
+    _, s_ref = leettriton.vanilla(b, c, v, g, return_state=True)
+    assert_close(s, s_ref, TOL, "the state pass's state")
+    assert torch.equal(state(b, c, v, None, g, None, "vanilla", "bhnd", None), s)
 
 
 def test_a_compiled_call_reads_no_gamma_value_but_its_kernels_guard():
@@ -258,3 +271,6 @@ def test_opcheck_every_operator():
     opcheck(OPS.linear_attention_varlen, (rand(T, 2, 4), rand(T, 2, 4, seed=1), rand(T, 2, 4, seed=2),
                                           torch.tensor([0, 3, 3, 7]), gamma, None, "auto", pool, slots,
                                           torch.tensor([True, False, True]), True, None))
+    opcheck(OPS.slice_state, (*grad[:3], gamma, None, grad[3], "auto", "bhnd", None))        # distributed's
+    opcheck(OPS.slice_state, (b.transpose(1, 2), c.transpose(1, 2), grad[2].transpose(1, 2), None, 0.9, None,
+                              "vanilla_torch", "bnhd", None))

@@ -1,0 +1,119 @@
+"""leettriton.distributed under ``torch.compile(fullgraph=True)``: a training step over 2 gloo processes.
+
+Each rank compiles the sequence-parallel call with its loss (its rows of one weight tensor of the whole
+output, and on rank 0 a weight of the final state), runs forward and backward, and saves what it got; the
+test compares every rank's output rows, final state and gradients of its slice against the float64 oracle's
+autograd of the whole sequence (the gradients of the sum of the ranks' losses: docs/sequence-parallel.md
+§11.4, §11.7).  ``fullgraph=True`` fails the call on any graph break.  The compiler's ``aot_eager`` backend
+traces forward and backward as Inductor does, without compiling C++ on the CPU.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import leettriton
+from leettriton.reference import reference
+
+from helpers import assert_close
+
+WORLD = 2
+LENGTHS = (7, 6)
+B, H, R, D = 1, 2, 4, 3
+CASES = {   # name: (method, layout, gamma, initial state)
+    "torch-twin-gamma-tensor-initial": ("lightning_attention_torch", "bhnd", (0.8, 0.95), True),
+    "triton-bnhd-float-gamma": ("lightning_attention", "bnhd", 0.9, False),
+}
+
+
+def _inputs(layout: str, gamma, initial: bool):
+    g = torch.Generator().manual_seed(7)
+    n = sum(LENGTHS)
+    b, c, v = (torch.randn(B, H, n, w, generator=g) for w in (R, R, D))
+    w_out = torch.randn(B, H, n, D, generator=g)
+    w_state = torch.randn(B, H, R, D, generator=g)
+    s0 = torch.randn(B, H, R, D, generator=g) if initial else None
+    if layout == "bnhd":
+        b, c, v, w_out = (x.transpose(1, 2).contiguous() for x in (b, c, v, w_out))
+    gamma = torch.tensor(gamma) if isinstance(gamma, tuple) else gamma
+    return b, c, v, gamma, s0, w_out, w_state
+
+
+def _rows(x, rank: int, layout: str):
+    start = sum(LENGTHS[:rank])
+    rows = slice(start, start + LENGTHS[rank])
+    return x[:, :, rows] if layout == "bhnd" else x[:, rows]
+
+
+def _worker(rank: int, store_path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    import leettriton.distributed
+
+    torch._dynamo.config.cache_size_limit = 64
+    store = dist.FileStore(store_path, WORLD)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
+    results = {}
+    try:
+        for name, (method, layout, gamma, initial) in CASES.items():
+            b, c, v, gamma_t, s0, w_out, w_state = _inputs(layout, gamma, initial)
+            mine = [_rows(x, rank, layout).clone().requires_grad_(True) for x in (b, c, v)]
+            s0 = s0.clone().requires_grad_(True) if s0 is not None else None
+
+            def step(b_k, c_k, v_k, s0_k):
+                o_k, state = leettriton.distributed.linear_attention(
+                    b_k, c_k, v_k, gamma_t, method=method, layout=layout, initial_state=s0_k, return_state=True)
+                loss = (o_k * _rows(w_out, rank, layout)).sum()
+                if rank == 0:
+                    loss = loss + (state * w_state).sum()
+                return o_k, state, loss
+
+            torch._dynamo.reset()
+            o_k, state, loss = torch.compile(step, fullgraph=True, backend="aot_eager")(*mine, s0)
+            loss.backward()
+            results[name] = dict(out=o_k.detach(), state=state.detach(),
+                                 grads=[x.grad for x in mine] + [s0.grad if s0 is not None else None])
+    except Exception as exc:  # reported by the test, with its type and message
+        results = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_worker, args=(os.path.join(tmp, "store"), tmp), nprocs=WORLD, join=True,
+                           start_method="spawn")
+        yield [torch.load(os.path.join(tmp, f"rank{k}.pt"), weights_only=False) for k in range(WORLD)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_compiled_training_step_matches_oracle(ranks, name):
+    method, layout, gamma, initial = CASES[name]
+    for k, got in enumerate(ranks):
+        assert "error" not in got, f"rank {k}: {got.get('error')}"
+    b, c, v, gamma_t, s0, w_out, w_state = _inputs(layout, gamma, initial)
+    # the oracle computes in float64 from float32 leaves (so float32 gradients)
+    leaves = [x.clone().requires_grad_(True) for x in (b, c, v)]
+    s0_64 = s0.clone().requires_grad_(True) if s0 is not None else None
+    out, state = reference(*leaves, gamma_t, layout=layout, initial_state=s0_64, return_state=True)
+    (((out * w_out.double()).sum() + (state * w_state.double()).sum())).backward()
+    tol = 1e-5
+    for k, got in enumerate(ranks):
+        res = got[name]
+        assert_close(res["out"], _rows(out.detach(), k, layout), tol, f"rank {k} output")
+        assert_close(res["state"], state.detach(), tol, f"rank {k} final state")
+        for what, g, leaf in zip("bcv", res["grads"][:3], leaves):
+            assert_close(g, _rows(leaf.grad, k, layout), tol, f"rank {k} d{what}")
+        if s0 is not None:
+            if k == 0:
+                assert_close(res["grads"][3], s0_64.grad, tol, "rank 0 d initial_state")
+            else:   # read on rank 0 only: no gradient reaches the other ranks' copy
+                assert res["grads"][3] is None, f"rank {k}: initial_state got a gradient"

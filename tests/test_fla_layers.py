@@ -362,3 +362,22 @@ def test_check_fla_layers_quick_on_cpu(tmp_path):
     assert data["meta"]["command"].startswith("python perf/check_fla_layers.py --quick")
     assert len(data["rows"]) == 4 and all(t[-1] == "PASS" for t in data["meta"]["targets"]), data["meta"]["targets"]
     assert rep.rows[0]["split_rel_err_vs_one_prefill"] <= TOL
+
+
+def test_short_convolution_chains_through_its_state():
+    """Calls of 3, 0, 1 and 2 tokens from the state give one call's outputs (kernel 4 and kernel 1), the state
+    is the last K − 1 inputs, and an empty call leaves it as it was."""
+    from leettriton.nn import ShortConvolution
+    x = _inputs(B=2, n=6, hidden=5)
+    for K in (4, 1):
+        conv = ShortConvolution(5, K, bias=True)
+        with torch.no_grad():
+            whole, _ = conv(x)
+            outs, state, t0 = [], None, 0
+            for piece in (3, 0, 1, 2):
+                y, state = conv(x[:, t0:t0 + piece], state, return_state=True)
+                outs.append(y)
+                t0 += piece
+            assert_close(whole, _silu(_conv64(x.double(), conv)), TOL, f"kernel {K}")
+        assert_close(torch.cat(outs, 1), whole, TOL, f"kernel {K}: pieces")
+        assert torch.equal(state, x[:, 6 - (K - 1):].transpose(1, 2)), K

@@ -37,6 +37,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     K = weight.shape[-1]
     if state is None:
         state = x.new_zeros(B, C, K - 1)
+    if n == 0:   # nothing to convolve (conv1d refuses an input shorter than its kernel): the state stays
+        return x.new_empty(B, 0, C), state.to(x.dtype) if return_state else None
     full = torch.cat([state.to(x.dtype), x.transpose(1, 2)], dim=-1)   # [B, C, K - 1 + n]
     y = F.conv1d(full, weight.to(x.dtype), None if bias is None else bias.to(x.dtype), groups=C).transpose(1, 2)
     if act is not None:

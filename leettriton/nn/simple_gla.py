@@ -91,7 +91,8 @@ class SimpleGatedLinearAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.num_kv_groups = num_heads // num_kv_heads
         self.key_dim, self.value_dim = key_dim, value_dim
-        self.key_dim_per_group, self.value_dim_per_group = key_dim // self.num_kv_groups, value_dim // self.num_kv_groups
+        self.key_dim_per_group = key_dim // self.num_kv_groups
+        self.value_dim_per_group = value_dim // self.num_kv_groups
         self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
         self.feature_map_fn = activation(feature_map, "feature_map")
         self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias

@@ -272,10 +272,12 @@ def test_left_padding_adds_nothing():
             layer(x, attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]))
 
 
-def test_mamba2_gradients_match_float64():
-    """The gradient of a weighted sum of the output for the input and every parameter (A_log and dt_bias through
-    the per-token decay, B and C through the view shared by the heads) against autograd through mamba64."""
-    layer = mamba_layer()
+@pytest.mark.parametrize("kind", ["mamba2", "gla"])
+def test_gradients_match_float64(kind):
+    """The gradient of a weighted sum of the output for the input and every parameter against autograd through
+    the float64 layer: Mamba-2's A_log and dt_bias and simple GLA's gk_proj through the per-token decay,
+    Mamba-2's B and C through the view shared by the heads, the convolutions' weights."""
+    layer, ref = (mamba_layer(), mamba64) if kind == "mamba2" else (gla_layer(num_kv_heads=1), gla64)
     x = _inputs(n=8)
     weight = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(9))
 
@@ -286,10 +288,10 @@ def test_mamba2_gradients_match_float64():
         return {"x": xg.grad, **{name: p.grad for name, p in layer.named_parameters()}}
 
     got = grads(lambda xg: (layer(xg) * weight).sum())
-    want = grads(lambda xg: (mamba64(layer, xg) * weight.double()).sum())
+    want = grads(lambda xg: (ref(layer, xg) * weight.double()).sum())
     for name in want:
         assert got[name] is not None, name
-        assert_close(got[name], want[name], TOL, f"d loss / d {name}")
+        assert_close(got[name], want[name], TOL, f"{kind}: d loss / d {name}")
 
 
 # ----------------------------------------------------------------------------- names, shapes, arguments

@@ -1,7 +1,8 @@
 """The generation cache: one float32 state per layer and the number of tokens that layer has seen.
 
 A linear-attention layer needs nothing of the past but its state S (batch, heads, r, d) and, for
-position encodings, how many tokens came before (docs/design.md §12.2).  This module needs no
+position encodings, how many tokens came before (docs/design.md §12.2); a layer with a short causal
+convolution (Mamba-2, simple GLA) also keeps the convolution's last inputs.  This module needs no
 ``transformers``: the models hand the same object to ``generate()``, which only calls the methods
 below (``reorder_cache``, ``crop``, ``get_seq_length``, ...).
 """
@@ -15,19 +16,24 @@ __all__ = ["LinearAttentionCache", "LayerState"]
 
 
 class LayerState:
-    """One layer's entry: its float32 ``state`` (or None before the first token) and ``seen`` tokens."""
+    """One layer's entry: its float32 ``state`` (or None before the first token), ``seen`` tokens and, for a
+    layer with a short convolution, ``conv_state`` ``(batch, channels, kernel_size − 1)``: the convolution's
+    last inputs, in the layer's dtype (None for a layer without one)."""
 
-    __slots__ = ("state", "seen", "record_past", "past")
+    __slots__ = ("state", "seen", "record_past", "past", "conv_state")
 
     def __init__(self) -> None:
         self.state: Optional[torch.Tensor] = None
+        self.conv_state: Optional[torch.Tensor] = None
         self.seen = 0
         self.record_past = False
-        self.past: list[tuple[int, Optional[torch.Tensor]]] = []   # (seen, state) before each update
+        # (seen, state, conv_state) before each update
+        self.past: list[tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]] = []
 
     def __repr__(self) -> str:
         shape = None if self.state is None else tuple(self.state.shape)
-        return f"LayerState(seen={self.seen}, state={shape})"
+        conv = "" if self.conv_state is None else f", conv_state={tuple(self.conv_state.shape)}"
+        return f"LayerState(seen={self.seen}, state={shape}{conv})"
 
 
 class LinearAttentionCache:
@@ -82,24 +88,35 @@ class LinearAttentionCache:
         layer_idx = 0 if layer_idx is None else layer_idx
         return self.layers[layer_idx].seen if layer_idx < len(self.layers) else 0
 
-    def update(self, layer_idx: int, state: torch.Tensor, new_tokens: int) -> None:
-        """Store layer ``layer_idx``'s new ``state`` after ``new_tokens`` more tokens."""
+    def update(self, layer_idx: int, state: torch.Tensor, new_tokens: int,
+               conv_state: Optional[torch.Tensor] = None) -> None:
+        """Store layer ``layer_idx``'s new ``state`` (and ``conv_state``, if given) after ``new_tokens`` more
+        tokens."""
         entry = self.layer(layer_idx)
         if entry.record_past:
-            entry.past.append((entry.seen, entry.state))
+            entry.past.append((entry.seen, entry.state, entry.conv_state))
         entry.state = state
+        if conv_state is not None:
+            entry.conv_state = conv_state
         entry.seen += new_tokens
 
-    def step_in_place(self, layer_idx: int) -> torch.Tensor:
-        """Layer ``layer_idx``'s state, for a one-token step that writes it in place and counts one token.
+    def step_in_place(self, layer_idx: int, conv_state: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Layer ``layer_idx``'s state, for a one-token step that writes it in place and counts one token;
+        ``conv_state``, if given, replaces the entry's (a new tensor: the old one is never written).
 
         While recording, a copy of the state is kept first (so :meth:`crop` can go back).
         """
         entry = self.layer(layer_idx)
         if entry.record_past:
-            entry.past.append((entry.seen, entry.state.clone()))
+            entry.past.append((entry.seen, entry.state.clone(), entry.conv_state))
+        if conv_state is not None:
+            entry.conv_state = conv_state
         entry.seen += 1
         return entry.state
+
+    def get_conv_state(self, layer_idx: int) -> Optional[torch.Tensor]:
+        """Layer ``layer_idx``'s short-convolution inputs ``(batch, channels, kernel_size − 1)``, or None."""
+        return self.layer(layer_idx).conv_state
 
     # ------------------------------------------------------------------ transformers' Cache interface
 
@@ -146,6 +163,7 @@ class LinearAttentionCache:
         """Forget every token: the next call starts from a zero state at position 0."""
         for entry in self.layers:
             entry.state = None
+            entry.conv_state = None
             entry.seen = 0
             entry.past = []
 
@@ -159,11 +177,13 @@ class LinearAttentionCache:
 
     def _select(self, name: str, rows) -> None:
         self._check_rows(name, rows)
+
+        def select(s):
+            return None if s is None else s.index_select(0, rows.to(s.device))
+
         for entry in self.layers:
-            if entry.state is not None:
-                entry.state = entry.state.index_select(0, rows.to(entry.state.device))
-            entry.past = [(seen, None if s is None else s.index_select(0, rows.to(s.device)))
-                          for seen, s in entry.past]
+            entry.state, entry.conv_state = select(entry.state), select(entry.conv_state)
+            entry.past = [(seen, select(s), select(conv)) for seen, s, conv in entry.past]
 
     def _check_rows(self, name: str, rows) -> None:
         """``rows`` a 1-D integer tensor of batch rows in [0, batch) (any range while no state is held)."""
@@ -189,11 +209,13 @@ class LinearAttentionCache:
         """Repeat every batch row ``repeats`` times, as ``generate`` does for beams and several sequences."""
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+
+        def repeat(s):
+            return None if s is None else s.repeat_interleave(repeats, dim=0)
+
         for entry in self.layers:
-            if entry.state is not None:
-                entry.state = entry.state.repeat_interleave(repeats, dim=0)
-            entry.past = [(seen, None if s is None else s.repeat_interleave(repeats, dim=0))
-                          for seen, s in entry.past]
+            entry.state, entry.conv_state = repeat(entry.state), repeat(entry.conv_state)
+            entry.past = [(seen, repeat(s), repeat(conv)) for seen, s, conv in entry.past]
 
     def activate_past_recording(self) -> None:
         """Keep every layer's state before each update, so that :meth:`crop` can return to it (layers the cache
@@ -221,7 +243,7 @@ class LinearAttentionCache:
             if target == 0:
                 plan.append((entry, None))
                 continue
-            kept = [k for k, (seen, _) in enumerate(entry.past) if seen == target]
+            kept = [k for k, (seen, _, _) in enumerate(entry.past) if seen == target]
             if not kept:
                 raise ValueError(
                     f"crop({max_length}): layer {i} holds the state after {entry.seen} tokens and no recorded "
@@ -230,13 +252,15 @@ class LinearAttentionCache:
             plan.append((entry, kept[-1]))
         for entry, k in plan:
             if k is None:
-                entry.state, entry.seen, entry.past = None, 0, []
+                entry.state, entry.conv_state, entry.seen, entry.past = None, None, 0, []
             else:
-                entry.seen, entry.state = entry.past[k]
+                entry.seen, entry.state, entry.conv_state = entry.past[k]
                 del entry.past[k:]
 
     def to(self, device) -> "LinearAttentionCache":
         for entry in self.layers:
             if entry.state is not None:
                 entry.state = entry.state.to(device)
+            if entry.conv_state is not None:
+                entry.conv_state = entry.conv_state.to(device)
         return self

@@ -21,7 +21,7 @@ from ..ops import is_compiling
 from .fused import rotary, uses_kernels
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
-           "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index"]
+           "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index", "to_heads"]
 
 
 def _one_plus_elu(x):
@@ -163,19 +163,23 @@ def decay_tensor(gammas: Sequence[float], cache: dict, device: torch.device) -> 
     return hit
 
 
-def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, *, method: str,
-           precision: Optional[str], cache: Optional[LinearAttentionCache], layer_idx: Optional[int]) -> torch.Tensor:
+def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: Optional[torch.Tensor], *, method: str,
+           precision: Optional[str], cache: Optional[LinearAttentionCache], layer_idx: Optional[int],
+           log_decay: Optional[torch.Tensor] = None, conv_state: Optional[torch.Tensor] = None) -> torch.Tensor:
     """O = (B Cᵀ ⊙ M) V for ``(batch, n, heads, dim)`` inputs, continuing from the cache's state if given.
 
+    The decay is ``gamma`` per head or ``log_decay`` ``(batch, n, heads)`` per token (docs/design.md §1.6).
     Without a cache: one ``linear_attention`` call.  With one: a one-token call on a layer that already
     has a state is ``decode_step`` (state updated in place); any other call is ``linear_attention`` from
     the cached state, whose final state replaces it.  ``decode_step`` has no backward, so a one-token call
     that needs a gradient (grad mode on and an input or the cached state requiring grad) is a
     one-row ``linear_attention`` call instead: the same values, differentiable, the state replaced rather
-    than written in place (docs/design.md §12.2).  Returns ``(batch, n, heads, d)`` in v's dtype.
+    than written in place (docs/design.md §12.2).  ``conv_state``, a layer's new short-convolution inputs,
+    is stored in the cache entry at the same step.  Returns ``(batch, n, heads, d)`` in v's dtype.
     """
     if cache is None:
-        return api.linear_attention(b, c, v, gamma, method=method, layout="bnhd", precision=precision)
+        return api.linear_attention(b, c, v, gamma, method=method, layout="bnhd", precision=precision,
+                                    log_decay=log_decay)
     entry = cache.layer(layer_idx)
     state = entry.state
     B, n, H, r = b.shape
@@ -183,14 +187,32 @@ def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: torch.Tenso
     if state is not None and tuple(state.shape) != (B, H, r, d):
         raise ValueError(f"cache layer {layer_idx} holds a state of shape {tuple(state.shape)}, but this layer needs "
                          f"(batch, heads, r, d) = {(B, H, r, d)}: a cache of another model or of another batch")
-    if n == 1 and state is not None and not requires_grad(b, c, v, state):
-        state = cache.step_in_place(layer_idx)
-        o, _ = api.decode_step(b[:, 0], c[:, 0], v[:, 0], state, gamma)
+    if n == 1 and state is not None and not requires_grad(b, c, v, state, log_decay):
+        state = cache.step_in_place(layer_idx, conv_state)
+        o, _ = api.decode_step(b[:, 0], c[:, 0], v[:, 0], state, gamma,
+                               log_decay=None if log_decay is None else log_decay[:, 0])
         return o.unsqueeze(1)
     o, state = api.linear_attention(b, c, v, gamma, method=method, layout="bnhd", initial_state=state,
-                                    return_state=True, precision=precision)
-    cache.update(layer_idx, state, n)
+                                    return_state=True, precision=precision, log_decay=log_decay)
+    cache.update(layer_idx, state, n, conv_state)
     return o
+
+
+def to_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """``x`` ``(..., groups, dim)`` shared by groups of heads → ``(..., heads, dim)``: head h reads group
+    h // (heads / groups), as Mamba-2's B and C and grouped key/value heads are laid out.
+
+    The stand-in until the operator reads grouped heads itself: one group is a stride-0 view (no copy),
+    more groups are copied.  A layer calls this in one place, so reading the groups natively is a one-line
+    change there.
+    """
+    groups = x.shape[-2]
+    if groups == heads:
+        return x
+    if groups == 1:
+        return x.expand(*x.shape[:-2], heads, x.shape[-1])
+    shape = x.shape
+    return x.unsqueeze(-2).expand(*shape[:-1], heads // groups, shape[-1]).reshape(*shape[:-2], heads, shape[-1])
 
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:

@@ -42,14 +42,15 @@ from .kernels.walk import WALK_MAX_R
 from .plan import resolve, run_problem
 from .problem import DTYPES, LAYOUTS, Problem, check_state, log2_gamma64, make_problem, requires_grad
 
-__all__ = ["linear_attention", "simulate", "start_weights", "combine_states", "combine_state_grads", "slice_state", "local_pass"]
+__all__ = ["linear_attention", "simulate", "start_weights", "slice_weights", "suffix_decay", "combine_states",
+           "combine_state_grads", "slice_state", "local_pass"]
 
 _WHERE = "leettriton.distributed.linear_attention"
 
 # the metadata row every rank gathers before any state moves (int64; γ's checksums as float64 bits)
 _FIELDS = ("ok", "batch", "heads", "r", "d", "n", "dtype", "layout", "method", "precision", "return_state",
-           "grad", "initial_state", "gamma", "gamma (weighted)")
-_AGREE = ("batch", "heads", "r", "d", "dtype", "layout", "method", "precision", "return_state", "gamma",
+           "grad", "initial_state", "log_decay", "gamma", "gamma (weighted)")
+_AGREE = ("batch", "heads", "r", "d", "dtype", "layout", "method", "precision", "return_state", "log_decay", "gamma",
           "gamma (weighted)")
 _PRECISIONS = ("ieee", "tf32")
 # the "grad" field: grad mode off; on, but no input requires grad; on, and an input requires grad
@@ -57,7 +58,8 @@ _GRAD_OFF, _GRAD_ON, _GRAD_NEEDED = 0, 1, 2
 
 
 def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", layout: str = "bhnd",
-                     initial_state=None, return_state: bool = False, precision: Optional[str] = None):
+                     initial_state=None, return_state: bool = False, precision: Optional[str] = None,
+                     log_decay=None):
     """:func:`leettriton.linear_attention` over a sequence cut into slices, one per rank of ``group``.
 
     Every rank of the group calls this with its contiguous slice of the sequence, the ranks in
@@ -76,6 +78,10 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
             read on rank 0 only (validated and ignored on the others).  One given on another rank while
             rank 0 has none is a ValueError on every rank (it would be ignored).
         return_state: also return the state after the sequence's last row, on every rank.
+        log_decay: a per-token decay instead of gamma, as in :func:`leettriton.linear_attention`: this rank's
+            rows of it, ``(batch, heads, n_k)`` (``"bhnd"``) or ``(batch, n_k, heads)`` (``"bnhd"``); given on
+            every rank or on none.  Differentiable; the call then takes the composed form of
+            docs/sequence-parallel.md §11.7 (after the same metadata check).
 
     Returns:
         This rank's rows of the output (dtype and layout of ``v``); with ``return_state=True``,
@@ -123,27 +129,28 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
         if group is not None:
             raise ValueError(f"{_WHERE}: group was given but torch.distributed is not initialised")
         return _single_device(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
-                              return_state=return_state, precision=precision)
+                              return_state=return_state, precision=precision, log_decay=log_decay)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise ValueError(f"{_WHERE}: this process (global rank {dist.get_rank()}) is not a member of group")
     if world == 1:
         return _single_device(b, c, v, gamma, method=method, layout=layout, initial_state=initial_state,
-                              return_state=return_state, precision=precision)
+                              return_state=return_state, precision=precision, log_decay=log_decay)
 
     if ops.is_compiling():  # a trace: registered operators and traceable collectives (§11.7)
-        return _traced(dist, group, rank, world, b, c, v, gamma, method, layout, initial_state, return_state,
-                       precision)
+        return _composed(dist, group, rank, world, b, c, v, gamma, method, layout, initial_state, return_state,
+                         precision, log_decay)
 
     comm = _comm_device(dist, group)
     error: Optional[BaseException] = None
     try:
         name, p, out = _local_problem(b, c, v, gamma, method, layout, initial_state if rank == 0 else None,
-                                      return_state, precision)
+                                      return_state, precision, log_decay)
         if rank > 0 and initial_state is not None:  # validated like rank 0's, then not read
             B, H, _, r, d = p.shape
             check_state("initial_state", initial_state, (B, H, r, d), p.v.device, optional=True)
-        meta = _metadata(p, name, layout, _grad_mode(b, c, v, initial_state), initial_state is not None).to(comm)
+        meta = _metadata(p, name, layout, _grad_mode(b, c, v, initial_state, log_decay),
+                         initial_state is not None).to(comm)
     except (TypeError, ValueError, NotImplementedError) as exc:
         error = exc
         meta = torch.zeros(len(_FIELDS), dtype=torch.int64, device=comm)
@@ -151,6 +158,11 @@ def linear_attention(b, c, v, gamma=None, *, group=None, method: str = "auto", l
     # 1. the metadata, gathered while this rank computes its local state
     rows = [torch.empty_like(meta) for _ in range(world)]
     meta_work = dist.all_gather(rows, meta, group=group, async_op=True)
+    if log_decay is not None:
+        # a per-token decay: the composed form, whose autograd carries the decay's gradient (§11.7)
+        _check_agreement(_read_rows(rows, meta_work), error)
+        return _composed(dist, group, rank, world, b, c, v, gamma, method, layout, initial_state, return_state,
+                         precision, log_decay)
     local, output_pass = local_pass(p, name) if error is None else (None, None)   # 2. the state-only pass
     # the one host sync: it waits for the metadata's gather only, never for the state pass just queued, so
     # the states' gather and the output pass are queued behind the state pass while it runs (§11.3)
@@ -324,15 +336,16 @@ def _comm_device(dist, group) -> torch.device:
     return torch.device("cpu")
 
 
-def _local_problem(b, c, v, gamma, method, layout, initial_state, return_state, precision):
+def _local_problem(b, c, v, gamma, method, layout, initial_state, return_state, precision, log_decay=None):
     """This rank's validated call: (method name, Problem with ``state`` allocated when asked, output).
 
     The problem holds the inputs detached: the passes are not recorded by autograd, whose node (if any)
     is :class:`_SequenceParallelFunction`."""
     name = registry.canonical_method(method)
-    b, c, v, initial_state = (x.detach() if isinstance(x, torch.Tensor) else x for x in (b, c, v, initial_state))
+    b, c, v, initial_state, log_decay = (x.detach() if isinstance(x, torch.Tensor) else x
+                                         for x in (b, c, v, initial_state, log_decay))
     p, out = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=return_state,
-                          precision=precision, where=_WHERE)
+                          precision=precision, where=_WHERE, log_decay=log_decay)
     return name, p, out
 
 
@@ -348,7 +361,8 @@ def _metadata(p: Problem, name: str, layout: str, grad: int, has_initial: bool) 
     ``has_initial``: this rank was given an initial state."""
     B, H, n, r, d = p.shape
     ints = [1, B, H, r, d, n, DTYPES.index(p.v.dtype), LAYOUTS.index(layout), zlib.crc32(name.encode()),
-            _PRECISIONS.index(p.precision), int(p.state is not None), grad, int(has_initial)]
+            _PRECISIONS.index(p.precision), int(p.state is not None), grad, int(has_initial),
+            int(p.log_decay is not None)]
     g = (torch.ones(H, dtype=torch.float64, device=p.v.device) if p.gamma is None
          else p.gamma.to(torch.float64))
     weights = torch.arange(1, H + 1, dtype=torch.float64, device=g.device)
@@ -406,8 +420,8 @@ def _describe(field: str, value: int) -> str:
         return repr(LAYOUTS[value])
     if field == "precision":
         return repr(_PRECISIONS[value])
-    if field == "return_state":
-        return str(bool(value))
+    if field in ("return_state", "log_decay"):
+        return ("given" if value else "None") if field == "log_decay" else str(bool(value))
     if field.startswith("gamma"):
         return f"checksum {torch.tensor(value, dtype=torch.int64).view(torch.float64).item()!r}"
     if field == "method":
@@ -432,7 +446,8 @@ def _check_agreement(rows: Sequence[Sequence[int]], error: Optional[BaseExceptio
             shown = "; ".join(f"rank {k}: {_describe(field, row[i])}" for k, row in enumerate(rows))
             name = "gamma" if field.startswith("gamma") else field
             raise ValueError(f"{_WHERE}: the ranks disagree on {name} ({shown}); every rank must pass the same "
-                             f"batch, heads, r, d, dtype, gamma, layout, method, precision and return_state, "
+                             f"batch, heads, r, d, dtype, gamma (or a log_decay), layout, method, precision and "
+                             f"return_state, "
                              f"only the slice length may differ")
     given = [k for k, row in enumerate(rows) if row[_FIELDS.index("initial_state")]]
     if given and given[0] != 0:   # only rank 0 reads it: one given elsewhere alone would be ignored
@@ -461,11 +476,20 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
 
     CUDA tensors (and CPU tensors under the interpreter) run the segment-state kernels (§3.6) with
     block_based's segment rule; a ``_torch`` method, or CPU tensors otherwise, the same sum in PyTorch.
+    With a per-token decay (``p.log_decay``): exp(G_n) S₀ + Σ_t exp(G_n − G_t) c_tᵀ v_t, the exponents the
+    sums of a over the rows after t, in float64, as one PyTorch product.
     """
     B, H, n, r, d = p.shape
     state = torch.empty((B, H, r, d), dtype=torch.float32, device=p.v.device)
     if n == 0 or B == 0 or H == 0:
         return state.copy_(p.initial_state) if p.initial_state is not None else state.zero_()
+    if p.log_decay is not None:
+        after = suffix_decay(p.log_decay)                                               # (B, H, n) float64
+        state.copy_((p.c.float() * torch.exp(after).float()[..., None]).transpose(-1, -2) @ p.v.float())
+        if p.initial_state is not None:
+            total = torch.exp(after[..., :1] + p.log_decay[..., :1].double()).float()    # exp(a_0 + … + a_{n−1})
+            state += total[..., None] * p.initial_state
+        return state
     q = replace(p, state=state)
     if registry.torch_method(name) is None and (p.v.device.type == "cuda" or is_interpreting()):
         seg_len, split = segmenting(B * H, n, r, d, p.v.element_size(), current_family(p.v.device))
@@ -485,6 +509,14 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
         total = 1.0 if p.gamma is None else torch.exp2(lam * n).float().view(1, H, 1, 1)
         state += total * p.initial_state
     return state
+
+
+def suffix_decay(log_decay: torch.Tensor) -> torch.Tensor:
+    """Σ_{s>t} a_s for every row t of ``log_decay`` ``(B, H, n)``, float64 (≤ 0): the log of the decay from
+    row t to the end of the rows, summed from the end (never a difference of two long prefix sums)."""
+    a = log_decay.detach().double()
+    a = torch.where(a <= 0, a, float("nan"))    # a decay > 1 (a > 0) gives NaN, as the kernels do
+    return a.flip(-1).cumsum(-1).flip(-1) - a
 
 
 def local_pass(p: Problem, name: str = "auto") -> tuple[torch.Tensor, Callable[[Optional[torch.Tensor]], None]]:
@@ -603,42 +635,57 @@ def combine_state_grads(start_grads: torch.Tensor, lengths: Sequence[int], gamma
 @ops.custom_op("leettriton::slice_state", mutates_args=())
 def _slice_state_op(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: Optional[torch.Tensor],
                     gamma_value: Optional[float], initial_state: Optional[torch.Tensor], method: str, layout: str,
-                    precision: Optional[str]) -> torch.Tensor:
+                    precision: Optional[str], log_decay: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`slice_state` as a registered operator: the state after this rank's rows, float32 (B, H, r, d)."""
     g = gamma if gamma is not None else gamma_value
     with torch.no_grad(), ops.guarded(v):
-        name, p, _ = _local_problem(b, c, v, g, method, layout, initial_state, False, precision)
+        name, p, _ = _local_problem(b, c, v, g, method, layout, initial_state, False, precision, log_decay)
         return slice_state(p, name)
 
 
 @_slice_state_op.register_fake
-def _slice_state_fake(b, c, v, gamma, gamma_value, initial_state, method, layout, precision):
+def _slice_state_fake(b, c, v, gamma, gamma_value, initial_state, method, layout, precision, log_decay=None):
     with torch.no_grad(), ops.guarded(v):
         _, p, _ = _local_problem(b, c, v, gamma if gamma is not None else gamma_value, method, layout, initial_state,
-                                 False, precision)
+                                 False, precision, log_decay)
     B, H, _, r, d = p.shape
     return torch.empty((B, H, r, d), dtype=torch.float32, device=v.device)
 
 
 def _slice_state_setup(ctx, inputs, output) -> None:
-    b, c, v, gamma, gamma_value, initial_state, method, layout, precision = inputs
+    b, c, v, gamma, gamma_value, initial_state, method, layout, precision = inputs[:9]
+    log_decay = inputs[9] if len(inputs) > 9 else None
     ctx.layout, ctx.gamma_value = layout, gamma_value
     ctx.has_initial = initial_state is not None
-    ctx.save_for_backward(c, v, gamma)
+    ctx.save_for_backward(c, v, gamma, initial_state, log_decay)
 
 
 def _slice_state_backward(ctx, grad):
-    """dc_t = w_t v_t dSᵀ, dv_t = w_t c_t dS, dS₀ = γ^n dS with w_t = γ^(n − 1 − t) = exp2(λ (n − 1 − t)):
-    the derivative of S = γ^n S₀ + Σ_t w_t c_tᵀ v_t (b does not enter the state).  PyTorch products in float32."""
-    c, v, gamma = ctx.saved_tensors
+    """dc_t = w_t v_t dSᵀ, dv_t = w_t c_t dS, dS₀ = w_{−1} dS with w_t = γ^(n − 1 − t) = exp2(λ (n − 1 − t)):
+    the derivative of S = w_{−1} S₀ + Σ_t w_t c_tᵀ v_t (b does not enter the state).  With a per-token decay
+    w_t = exp(Σ_{s>t} a_s), w_{−1} = exp(Σ_s a_s), and da_s = Σ_{t<s} w_t ⟨dS, c_tᵀ v_t⟩ + w_{−1} ⟨dS, S₀⟩.
+    PyTorch products in float32, decays from float64 exponents."""
+    c, v, gamma, s0, log_decay = ctx.saved_tensors
     to_bhnd = (lambda x: x) if ctx.layout == "bhnd" else (lambda x: x.transpose(1, 2))
     cc, vv = to_bhnd(c).float(), to_bhnd(v).float()
     H, n = vv.shape[1], vv.shape[2]
     lam = _lambda(gamma, ctx.gamma_value, H, vv.device)
     dc = vv @ grad.transpose(-1, -2)
     dv = cc @ grad
-    ds0 = None
-    if lam is not None:
+    ds0 = da = None
+    if log_decay is not None:
+        a = log_decay if ctx.layout == "bhnd" else log_decay.transpose(1, 2)          # (B, H, n)
+        after = suffix_decay(a)
+        w = torch.exp(after).float()
+        q = w * (dc * cc).sum(-1)                                                  # w_t ⟨dS, c_tᵀ v_t⟩
+        dc, dv = dc * w[..., None], dv * w[..., None]
+        da = q.cumsum(-1) - q
+        if ctx.has_initial:
+            w0 = torch.exp(after[..., :1] + a[..., :1].detach().double()).float()        # (B, H, 1)
+            ds0 = w0[..., None] * grad
+            da = da + w0 * (grad * s0.float()).sum((-2, -1))[..., None]
+        da = (da if ctx.layout == "bhnd" else da.transpose(1, 2)).to(log_decay.dtype)
+    elif lam is not None:
         w = torch.exp2(lam[:, None] * (n - 1 - torch.arange(n, dtype=torch.float64, device=vv.device))).float()
         dc, dv = dc * w[None, :, :, None], dv * w[None, :, :, None]
         if ctx.has_initial:
@@ -646,7 +693,7 @@ def _slice_state_backward(ctx, grad):
     elif ctx.has_initial:
         ds0 = grad.clone()
     back = (lambda x: x) if ctx.layout == "bhnd" else (lambda x: x.transpose(1, 2))
-    return None, back(dc).to(c.dtype), back(dv).to(v.dtype), None, None, ds0, None, None, None
+    return None, back(dc).to(c.dtype), back(dv).to(v.dtype), None, None, ds0, None, None, None, da
 
 
 _slice_state_op.register_autograd(_slice_state_backward, setup_context=_slice_state_setup)
@@ -684,15 +731,16 @@ def _gather(fc, x: torch.Tensor, group, grad: bool) -> torch.Tensor:
     return fc.all_gather_tensor(x, gather_dim=0, group=group)
 
 
-def _traced(dist, group, rank: int, world: int, b, c, v, gamma, method, layout, initial_state, return_state,
-            precision):
-    """The sequence-parallel call as ``torch.compile`` traces it (docs/sequence-parallel.md §11.7): the state
-    pass as the registered operator ``leettriton::slice_state``, one traced all-gather of the local states
-    (with autograd) and one of the slices' lengths, the start and final states as PyTorch products of those, and
-    the output pass as :func:`leettriton.linear_attention` from the start state (its own operator and
-    backward).  The ranks' agreement (§11.5) is not checked here: it needs a host read of the gathered
-    metadata, which a trace cannot hold."""
-    import torch.distributed._functional_collectives as fc  # noqa: PLC0415  (loaded with the trace)
+def _composed(dist, group, rank: int, world: int, b, c, v, gamma, method, layout, initial_state, return_state,
+              precision, log_decay=None):
+    """The sequence-parallel call composed of operators and torch's functional collectives
+    (docs/sequence-parallel.md §11.7), the form ``torch.compile`` traces and the one a per-token decay takes:
+    the state pass as the registered operator ``leettriton::slice_state``, one all-gather of the local states
+    (with autograd), one of the slices' lengths (or, with ``log_decay``, of each slice's summed decay, with
+    autograd), the start and final states as PyTorch products of those, and the output pass as
+    :func:`leettriton.linear_attention` from the start state (its own operator and backward).  The ranks'
+    agreement (§11.5) is not checked here: an eager caller checks it first; a trace cannot hold its host read."""
+    import torch.distributed._functional_collectives as fc  # noqa: PLC0415  (loaded on use)
 
     if group is None:
         group = dist.group.WORLD
@@ -702,15 +750,36 @@ def _traced(dist, group, rank: int, world: int, b, c, v, gamma, method, layout, 
     if g_t is not None and g_t.requires_grad:
         raise NotImplementedError(f"{_WHERE}: a gamma that requires grad is not supported across ranks")
     s0 = initial_state if rank == 0 else None
-    local = _slice_state_op(b, c, v, g_t, g_f, s0, method, layout, precision)
+    local = _slice_state_op(b, c, v, g_t, g_f, s0, method, layout, precision, log_decay)
     grad = torch.is_grad_enabled()
     states = _gather(fc, local, group, grad)                               # (world, B, H, r, d)
-    lengths = _gather(fc, torch.full((), n, dtype=torch.float64, device=v.device), group, False)
-    lam = _lambda(g_t, g_f, heads, v.device)
+    if log_decay is None:
+        lengths = _gather(fc, torch.full((), n, dtype=torch.float64, device=v.device), group, False)
+        lam = _lambda(g_t, g_f, heads, v.device)
+
+        def combine(upto: int) -> torch.Tensor:
+            return torch.einsum("jh,jbhrd->bhrd", start_weights(lengths, lam, upto), states[:upto])
+    else:
+        a = log_decay if layout == "bhnd" else log_decay.transpose(1, 2)    # (B, H, n)
+        totals = _gather(fc, a.double().sum(-1), group, grad)              # (world, B, H): each slice's Σ a
+
+        def combine(upto: int) -> torch.Tensor:
+            return torch.einsum("jbh,jbhrd->bhrd", slice_weights(totals, upto), states[:upto])
     start = s0
     if rank > 0:
-        start = torch.einsum("jh,jbhrd->bhrd", start_weights(lengths, lam, rank), states[:rank])
-    out = _single_device(b, c, v, gamma, method=method, layout=layout, initial_state=start, precision=precision)
+        start = combine(rank)
+    out = _single_device(b, c, v, gamma, method=method, layout=layout, initial_state=start, precision=precision,
+                         log_decay=log_decay)
     if not return_state:
         return out
-    return out, torch.einsum("jh,jbhrd->bhrd", start_weights(lengths, lam, world), states)
+    return out, combine(world)
+
+
+def slice_weights(totals: torch.Tensor, upto: int) -> torch.Tensor:
+    """The factors exp(Σ_{s=j+1}^{upto−1} T_s), float32 ``(upto, B, H)``, of the local states S_j (j < upto) in
+    the start state of slice ``upto``, from each slice's summed per-token decay T (float64 ``(slices, B, H)``):
+    the sums taken from slice ``upto − 1`` back, never as a difference of two long prefix sums; a T > 0 (a
+    decay above 1) gives NaN, as the kernels do."""
+    t = totals[:upto]
+    t = torch.where(t <= 0, t, torch.full_like(t, float("nan")))
+    return torch.exp(t.flip(0).cumsum(0).flip(0) - t).float()

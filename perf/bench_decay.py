@@ -14,8 +14,8 @@ head); mamba-ssm: ``mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256)`` 
 softplus), which forms dt·x and A·dt itself.  Inputs are made outside the timed regions; ``auto (from x,
 dt)`` times ours with the two products inside (what mamba-ssm's call does), for the Mamba layers.
 
-1. Forward: ``auto``, each per-token method of ``leettriton.registry.per_token_methods()`` (autotuned at
-   each cell), fla and mamba-ssm, each output checked against the float64 oracle (on a subset of heads
+1. Forward: ``auto``, each per-token method of ``leettriton.registry.per_token_methods()``, fla and
+   mamba-ssm, each output checked against the float64 oracle (on a subset of heads
    when large); ``auto``, fla and mamba-ssm then timed again in alternating rounds, from Python
    (``rounds_ms``) and as CUDA-graph replays (``graph_ms``: the kernels alone), as
    ``perf/bench_model_shapes.py`` does; ratios take each entry's lower time of its sweep and its rounds.
@@ -30,9 +30,10 @@ dt)`` times ours with the two products inside (what mamba-ssm's call does), for 
 4. Precision: each implementation's relative error against the float64 oracle at batch 1, n 8192 per
    layer (every head and row).
 
-fla and mamba-ssm tune their kernels at the first cell of each dtype they see (their autotune keys hold
-neither batch nor n), as in a user's process; the cells run largest first, so they tune where the time
-goes (``--retune-peers``: again at every cell).  mamba-ssm is loaded from its source (``--mamba-src``, the
+Every autotuned kernel, ours and the peers', tunes at the first cell of each layer and dtype and keeps its
+config for the others (their autotune keys hold neither batch nor n), as in a user's process: the tuned
+configs are forgotten there, and the cells run largest first, so each kernel tunes where the time goes
+(``--retune``: at every cell).  mamba-ssm is loaded from its source (``--mamba-src``, the
 Triton kernels of state-spaces/mamba exported for the benchmark only, never a dependency); a peer that is
 missing is named in the run's notes and its ``peers`` entry.
 
@@ -45,6 +46,7 @@ Targets: ``auto`` ≥ 1.5× faster than fla and faster than mamba-ssm on every f
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -63,7 +65,7 @@ from bench_model_shapes import _csv, _ms  # noqa: E402
 
 import leettriton  # noqa: E402
 from leettriton import bench  # noqa: E402
-from leettriton.autotune import KERNELS  # noqa: E402
+from leettriton.autotune import KERNELS, is_interpreting  # noqa: E402
 from leettriton.bench.failures import first_line  # noqa: E402
 from leettriton.registry import per_token_methods  # noqa: E402
 
@@ -220,7 +222,7 @@ def ours(label: str, method: str, device, expanded: bool = False) -> Impl:
     return Impl(label, "ours", make)
 
 
-def ours_from_x_dt(device) -> Impl:
+def ours_from_x_dt() -> Impl:
     """``auto`` with v = dt·x and a = A·dt formed inside the timed call, from mamba-ssm's inputs."""
     def make(inp: Inputs, do) -> Step:
         def run(x, dt, A, B, C):
@@ -250,8 +252,10 @@ def fla_impl() -> Impl:
                 return chunk_simple_gla(q, k, inp.v, g=g, scale=1.0)[0]
 
         leaves = _leaves(q, k, inp.v, g)
-        return Step(bench.Prepared(forward, to_bhnd),
-                    lambda: torch.autograd.grad(chunk_simple_gla(*leaves[:3], g=leaves[3], scale=1.0)[0], leaves, do))
+        def train():
+            return torch.autograd.grad(chunk_simple_gla(*leaves[:3], g=leaves[3], scale=1.0)[0], leaves, do)
+
+        return Step(bench.Prepared(forward, to_bhnd), train)
 
     return Impl(FLA, "peer", make, precision=PEERS.PEER_PRECISION)
 
@@ -338,11 +342,11 @@ def find_peers(rep: common.Report, args) -> Peers:
         if got is not None:
             peers.ssd, peers.state_update = got.ssd, got.state_update
             peers.status["mamba-ssm"] = f"available: state-spaces/mamba {got.commit}, Triton kernels from {got.path}"
-            rep.note(f"peer mamba-ssm: state-spaces/mamba at {got.commit} (its Triton kernels only, from "
-                     f"{args.mamba_src}): {MAMBA}, selective_state_update")
+            rep.notes.append(f"peer mamba-ssm: state-spaces/mamba at {got.commit} (its Triton kernels only, from "
+                             f"{args.mamba_src}): {MAMBA}, selective_state_update")
     if peers.ssd is None:
         peers.status["mamba-ssm"] = f"missing: {why}"
-        rep.note(f"peer mamba-ssm: not available: {why}")
+        rep.notes.append(f"peer mamba-ssm: not available: {why}")
     for name, status in peers.status.items():
         print(f"peer {name}: {status}", flush=True)
     if not peers.fla or peers.ssd is None:
@@ -397,21 +401,20 @@ def floor_bytes(layer: Layer, batch: int, n: int, dtype) -> int:
     return batch * n * (2 * layer.kv_heads * layer.r * e + 2 * layer.heads * layer.d * e + layer.heads * 4)
 
 
-def clear_tuned(peers: bool) -> None:
-    """Forget our autotuned configs (their key has no n), and the peers' with ``peers``."""
+def clear_tuned() -> None:
+    """Forget every config our kernels and the peers' (fla's, mamba-ssm's Triton autotuners) have tuned."""
+    import triton.runtime.autotuner as autotuner
+
     for kernel in KERNELS.values():
         kernel.cache.clear()
-    if peers:
-        import triton.runtime.autotuner as autotuner
-
-        for mod_name, mod in list(sys.modules.items()):
-            if not mod_name.startswith(("fla.", "mamba_ssm.")) or mod is None:
-                continue
-            for obj in list(vars(mod).values()):
-                while obj is not None and not isinstance(obj, autotuner.Autotuner) and hasattr(obj, "fn"):
-                    obj = obj.fn
-                if isinstance(obj, autotuner.Autotuner):
-                    obj.cache.clear()
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not mod_name.startswith(("fla.", "mamba_ssm.")):
+            continue
+        for obj in list(vars(mod).values()):
+            while not isinstance(obj, autotuner.Autotuner) and hasattr(obj, "fn"):   # through heuristics, JIT
+                obj = obj.fn
+            if isinstance(obj, autotuner.Autotuner):
+                obj.cache.clear()
 
 
 def row_of(section, model, impl_label, kind, inp_layer: Layer, dt, batch, n, m: bench.Measurement, **extra) -> dict:
@@ -422,15 +425,18 @@ def row_of(section, model, impl_label, kind, inp_layer: Layer, dt, batch, n, m: 
 
 
 def run_cells(rep: common.Report, args, clock: Clock, model: str, layer: Layer, impls: list[Impl], dtypes, cells,
-              sections, rep_ms, judged: str = AUTO) -> None:
-    """The forward and training cells of one layer (largest first: the peers tune at their first cell);
-    ``judged``: the entry of ours timed again in rounds beside the peers."""
+              sections, rep_ms, judged: str, trained: set) -> None:
+    """The forward and training cells of one layer, largest first, every kernel tuned at the first cell of each
+    dtype (every cell with ``--retune``);
+    ``judged``: the entry of ours timed again in rounds beside the peers; ``trained``: the entries whose
+    training step is timed."""
     device = rep.device
     budget_ms = args.budget_s * 1e3
     for dt in dtypes:
-        for batch, n in cells:
+        for i, (batch, n) in enumerate(cells):
             clock.check(f"{model} {bench.dtype_name(dt)} {batch} × {n}")
-            clear_tuned(args.retune_peers)
+            if i == 0 or args.retune:
+                clear_tuned()
             inp = make_inputs(layer, batch, n, dt, device, seed=SEED + n + batch)
             floor = floor_bytes(layer, batch, n, dt) / rep.bandwidth * 1e3
             if "forward" in sections:
@@ -451,7 +457,7 @@ def run_cells(rep: common.Report, args, clock: Clock, model: str, layer: Layer, 
                 gen = torch.Generator(device=device).manual_seed(3)
                 do = torch.randn(inp.x.shape, generator=gen, device=device, dtype=dt)
                 for impl in impls:
-                    if impl.label not in args.train_labels:
+                    if impl.label not in trained:
                         continue
                     fwd = common.find(rep.rows, section="forward", model=model, method=impl.label,
                                       dtype=bench.dtype_name(dt), batch=batch, n=n)
@@ -468,8 +474,8 @@ def run_cells(rep: common.Report, args, clock: Clock, model: str, layer: Layer, 
 
 
 def forward_rounds(rows, impls, inp: Inputs, model, dt, batch, n, judged: str = AUTO) -> None:
-    """``judged`` (``auto``), fla and mamba-ssm of one cell again in alternating rounds, from Python (``rounds_ms``) and as
-    CUDA-graph replays (``graph_ms``; where a capture fails ``graph_note`` says why)."""
+    """``judged`` (``auto``), fla and mamba-ssm of one cell again in alternating rounds, from Python
+    (``rounds_ms``) and as CUDA-graph replays (``graph_ms``; where a capture fails ``graph_note`` says why)."""
     ok = {}
     for impl in impls:
         if impl.label in (judged, FLA, MAMBA):
@@ -660,7 +666,8 @@ def run_decode(rep: common.Report, args, clock: Clock, model: str, layer: Layer,
                          "—" if frac is None else f"{mine['bandwidth_gbs']:.0f} GB/s ({frac:.0%})",
                          common.fmt_err(mine["rel_err"]), common.cell(got.get(DEC_FLA)), pct(got.get(DEC_FLA)),
                          common.cell(got.get(DEC_MAMBA)), pct(got.get(DEC_MAMBA)),
-                         fmt_x(ratio(_ms(got.get(DEC_FLA)), _ms(mine))), fmt_x(ratio(_ms(got.get(DEC_MAMBA)), _ms(mine))),
+                         fmt_x(ratio(_ms(got.get(DEC_FLA)), _ms(mine))),
+                         fmt_x(ratio(_ms(got.get(DEC_MAMBA)), _ms(mine))),
                          common.fmt_ms(floor)])
             if batch >= 64 or device.type != "cuda":
                 rep.target(f"{label} {layer.label} {bench.dtype_name(dt)} B={batch}: bandwidth vs copy",
@@ -673,8 +680,8 @@ def run_decode(rep: common.Report, args, clock: Clock, model: str, layer: Layer,
                 ["dtype", "batch", "ours ms", "ours bandwidth (% of copy)", "ours rel err", "fla ms", "fla % of copy",
                  "mamba ms", "mamba % of copy", "fla / ours", "mamba / ours", "floor ms"], body,
                 f"Bytes per step: 2·B·H_v·r·d·4 (float32 state read + written) + B·H_k·2r·e (b_t, c_t) + "
-                f"B·H_v·2d·e (v_t, o_t) + B·H_v·4 (a_t); copy bandwidth {rep.bandwidth / 1e9:.0f} GB/s measured in "
-                f"this run. fla: fused_recurrent_simple_gla on one token (q, k expanded to H_v heads) with "
+                f"B·H_v·2d·e (v_t, o_t) + B·H_v·4 (a_t); copy bandwidth {rep.bandwidth / 1e9:.0f} GB/s measured "
+                f"in this run. fla: fused_recurrent_simple_gla on one token (q, k expanded to H_v heads) with "
                 f"initial_state and output_final_state=True (it writes a new state; ours and mamba-ssm's update "
                 f"theirs in place). mamba-ssm: selective_state_update with its state as (B, H, d, r), float32.")
 
@@ -709,12 +716,28 @@ def run_precision(rep: common.Report, args, clock: Clock, model: str, layer: Lay
         bench.free_memory()
     rep.section(f"{layer.label}, precision at {batch} × {n}: relative error vs the float64 oracle",
                 ["dtype", *labels], body,
-                "‖out − oracle‖ / ‖oracle‖ over every head and row; the oracle takes dt·x exactly (float32) and "
-                "b, c expanded to their heads. Tolerances: float16 2e-3, bfloat16 1e-2 (the peers' float32 goes "
+                "‖out − oracle‖ / ‖oracle‖ over every head and row; the oracle takes dt·x exactly (float32) "
+                "and b, c expanded to their heads. Tolerances: float16 2e-3, bfloat16 1e-2 (the peers' float32 goes "
                 "through TF32, judged at 2e-3).")
 
 
 # --------------------------------------------------------------------------- main
+
+@contextlib.contextmanager
+def pytorch_paths(device):
+    """Off the GPU, ours runs its PyTorch paths, as on CPU tensors outside the interpreter, even where
+    ``TRITON_INTERPRET`` is set (the tests set it): the per-token kernels in the interpreter take seconds a
+    call, and this run checks the script's logic, not the kernels (the test suite does)."""
+    if torch.device(device).type == "cuda" or not is_interpreting():
+        yield
+        return
+    before = os.environ["TRITON_INTERPRET"]
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        os.environ["TRITON_INTERPRET"] = before
+
 
 SECTIONS = ("forward", "train", "decode", "precision")
 
@@ -729,13 +752,13 @@ def main(argv=None) -> common.Report:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--methods", help="comma-separated per-token methods of ours besides auto (default: every one "
                    "of leettriton.registry.per_token_methods() with a kernel; 'none' for auto alone)")
-    p.add_argument("--train-methods", default=AUTO, help="ours in the training step (default auto; the peers and "
-                   f"'{FROM_X_DT}' always)")
+    p.add_argument("--train-methods", default="", help="per-token methods of ours timed in the training step "
+                   f"besides auto (default none; the peers and '{FROM_X_DT}' always are)")
     p.add_argument("--precision-shape", default="1x8192", help="BATCHxN of the precision section")
     p.add_argument("--expand-groups", action="store_true", help="also time auto with b, c copied to one per head "
                    f"of v (rows labelled '{AUTO}{EXPANDED}')")
-    p.add_argument("--retune-peers", action="store_true", help="clear fla's and mamba-ssm's autotuned configs at "
-                   "every cell (by default they tune at the first cell of each dtype, as in a user's process)")
+    p.add_argument("--retune", action="store_true", help="every autotuned kernel, ours and the peers', tunes again "
+                   "at every cell (by default at the first, largest cell of each layer and dtype)")
     p.add_argument("--mamba-src", default=MAMBA_SRC, help="a folder holding mamba-ssm's mamba_ssm/ops/triton and "
                    f"mamba_ssm/utils (default {MAMBA_SRC}, relative to the repository)")
     p.add_argument("--no-mamba", action="store_true", help="leave mamba-ssm out (recorded as missing)")
@@ -756,6 +779,7 @@ def main(argv=None) -> common.Report:
     except ValueError:
         p.error(f"--precision-shape takes BATCHxN such as 1x8192, got {args.precision_shape!r}")
     kernels = [m for m in per_token_methods() if m != AUTO and not m.endswith("_torch")]
+    args.train_methods = [] if not args.train_methods else _csv(args.train_methods, str, "train-methods", set(kernels))
     if args.methods is None:
         methods = kernels
     elif args.methods == "none":
@@ -776,53 +800,25 @@ def main(argv=None) -> common.Report:
     rep_ms = args.rep_ms or (50 if args.quick else 100)
     clock = Clock(args.max_minutes)
     peers = find_peers(rep, args)
-    grouped = grouped_support()
-    rep.meta["grouped_heads"] = {k: "supported" if v is None else f"refused: {v}" for k, v in grouped.items()}
-    for what, why in grouped.items():
-        if why is not None:
-            rep.note(f"this tree's {what} refuses b, c with fewer heads than v ({why}): ours runs on b, c expanded "
-                     f"to one per head of v at the grouped layers, labelled '{EXPANDED.strip()}'")
     rep.meta["per_token_methods"] = list(methods)
     failed = None
     try:
-        for model in models:
-            layer = layers[model]
-            expand_ours = layer.group > 1 and grouped["linear_attention"] is not None
-            judged = AUTO + (EXPANDED if expand_ours else "")
-            impls = [ours(judged, AUTO, device, expanded=expand_ours)]
-            impls += [ours(m + (EXPANDED if expand_ours else ""), m, device, expanded=expand_ours) for m in methods]
-            if args.expand_groups and layer.group > 1 and not expand_ours:
-                impls.append(ours(AUTO + EXPANDED, AUTO, device, expanded=True))
-            if layer.kind == "mamba" and not expand_ours:
-                impls.append(ours_from_x_dt(device))
-            if peers.fla:
-                impls.append(fla_impl())
-            if peers.ssd is not None:
-                impls.append(mamba_impl(peers.ssd))
-            train_ours = {judged} | {m + (EXPANDED if expand_ours else "")
-                                     for m in _csv(args.train_methods, str, "train-methods")}
-            args.train_labels = train_ours | {FROM_X_DT, FLA, MAMBA, AUTO + EXPANDED}
-            tables_done = False
-            try:
-                if {"forward", "train"} & set(sections):
-                    run_cells(rep, args, clock, model, layer, impls, dtypes, cells, sections, rep_ms, judged)
-                    tables_done = True
-                    cell_tables(rep, model, layer, impls, dtypes, cells, sections, peers, judged)
-                    rep.save(args.out)
-                if "decode" in sections:
-                    run_decode(rep, args, clock, model, layer, dtypes, decode_batches, peers,
-                               grouped["decode_step"], rep_ms)
-                    rep.save(args.out)
-                if "precision" in sections:
-                    run_precision(rep, args, clock, model, layer, impls, dtypes, pb, pn)
-                    rep.save(args.out)
-            except OutOfTime as exc:
-                rep.note(f"stopped at the time limit (--max-minutes {args.max_minutes:g}) before {exc}: the "
-                         f"cells after it, and the layers after {model}, were not measured")
-                rep.meta["cut_short"] = str(exc)
-                if {"forward", "train"} & set(sections) and not tables_done:
-                    cell_tables(rep, model, layer, impls, dtypes, cells, sections, peers, judged)
-                break
+        with pytorch_paths(device):
+            grouped = grouped_support()
+            rep.meta["grouped_heads"] = {k: "supported" if v is None else f"refused: {v}" for k, v in grouped.items()}
+            for what, why in grouped.items():
+                if why is not None:
+                    rep.note(f"this tree's {what} refuses b, c with fewer heads than v ({why}): ours runs on b, c "
+                             f"expanded to one per head of v at the grouped layers, labelled '{EXPANDED.strip()}'")
+            for model in models:
+                try:
+                    run_layer(rep, args, clock, model, layers[model], methods, peers, grouped, dtypes, cells,
+                              sections, decode_batches, (pb, pn), rep_ms)
+                except OutOfTime as exc:
+                    rep.note(f"stopped at the time limit (--max-minutes {args.max_minutes:g}) before {exc}: the "
+                             f"cells after it, and the layers after {model}, were not measured")
+                    rep.meta["cut_short"] = str(exc)
+                    break
     except bench.DeviceFailure as exc:
         rep.rows.extend(exc.rows)
         failed = common.stopped(rep, exc)
@@ -831,6 +827,49 @@ def main(argv=None) -> common.Report:
     if failed:
         raise SystemExit(1)
     return rep
+
+
+def implementations(layer: Layer, methods, peers: Peers, device, expand_ours: bool, expand_groups: bool) -> list[Impl]:
+    """Ours (``auto`` first, then each per-token method), then the peers found.  ``expand_ours``: the tree
+    refuses grouped b, c, so ours runs on expanded copies (labelled so); ``expand_groups``: ``auto`` on
+    expanded copies beside it, for comparison."""
+    suffix = EXPANDED if expand_ours else ""
+    impls = [ours(AUTO + suffix, AUTO, device, expanded=expand_ours)]
+    impls += [ours(m + suffix, m, device, expanded=expand_ours) for m in methods]
+    if expand_groups and layer.group > 1 and not expand_ours:
+        impls.append(ours(AUTO + EXPANDED, AUTO, device, expanded=True))
+    if layer.kind == "mamba" and not expand_ours:
+        impls.append(ours_from_x_dt())
+    if peers.fla:
+        impls.append(fla_impl())
+    if peers.ssd is not None:
+        impls.append(mamba_impl(peers.ssd))
+    return impls
+
+
+def run_layer(rep: common.Report, args, clock: Clock, model: str, layer: Layer, methods, peers: Peers, grouped,
+              dtypes, cells, sections, decode_batches, precision_shape, rep_ms) -> None:
+    """One layer's sections in turn, each written as soon as it is measured; at ``--max-minutes``
+    (:class:`OutOfTime`) the tables of what was measured are made before it goes on up."""
+    expand_ours = layer.group > 1 and grouped["linear_attention"] is not None
+    judged = AUTO + (EXPANDED if expand_ours else "")
+    impls = implementations(layer, methods, peers, rep.device, expand_ours, args.expand_groups)
+    suffix = EXPANDED if expand_ours else ""
+    trained = {judged, FROM_X_DT, FLA, MAMBA, AUTO + EXPANDED} | {m + suffix for m in args.train_methods}
+    if {"forward", "train"} & set(sections):
+        try:
+            run_cells(rep, args, clock, model, layer, impls, dtypes, cells, sections, rep_ms, judged, trained)
+        finally:
+            cell_tables(rep, model, layer, impls, dtypes, cells, sections, peers, judged)
+            rep.save(args.out)
+    if "decode" in sections:
+        try:
+            run_decode(rep, args, clock, model, layer, dtypes, decode_batches, peers, grouped["decode_step"], rep_ms)
+        finally:
+            rep.save(args.out)
+    if "precision" in sections:
+        run_precision(rep, args, clock, model, layer, impls, dtypes, *precision_shape)
+        rep.save(args.out)
 
 
 if __name__ == "__main__":

@@ -822,7 +822,8 @@ def test_bench_chunked_times_every_cell_again_for_each_dtype_and_decay_on_a_gpu(
     assert again == [(dt, decay, b, n, mod.SEED, mod.OURS) for b, n in shapes for dt in dtypes for decay in (True, False)]
 
 
-@pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
+@pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time",
+                                  "bench_decay"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])
     jpath = tmp_path / "cpu" / f"{name}.quick.json"
@@ -857,6 +858,65 @@ def test_bench_chunked_shapes_measures_only_those_shapes_into_files_of_its_own(t
     assert not (tmp_path / "cpu" / "bench_chunked.quick.json").exists()   # a full run's files are left alone
     with pytest.raises(SystemExit):
         mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--shapes", "1x"])
+
+
+def test_bench_decay_oracle_reads_head_h_of_b_and_c_at_group_h_over_g():
+    """The per-token decay bench's oracle, against the recurrence token by token: v = dt·x, a = A·dt, and head h
+    of v reads b = C and c = B of group h // (H_v / H_k) (mamba-ssm's convention, and ours)."""
+    mod = _script("bench_decay")
+    layer = mod.Layer("tiny", 4, 2, 3, 2, "mamba")
+    inp = mod.make_inputs(layer, 2, 5, torch.float32, "cpu")
+    assert torch.equal(inp.v, inp.x * inp.dt.unsqueeze(-1)) and torch.equal(inp.a, inp.A * inp.dt)
+    assert bool((inp.a < 0).all())
+    x, dt, A, B, C = (t.double() for t in (inp.x, inp.dt, inp.A, inp.B, inp.C))
+    want = torch.empty(2, 4, 5, 2, dtype=torch.float64)
+    for b in range(2):
+        for h in range(4):
+            g, state = h // 2, torch.zeros(3, 2, dtype=torch.float64)
+            for t in range(5):
+                state = torch.exp(A[h] * dt[b, t, h]) * state + torch.outer(B[b, t, g], dt[b, t, h] * x[b, t, h])
+                want[b, h, t] = C[b, t, g] @ state
+    check = mod.oracle(inp)
+    assert check.scope == "all" and torch.allclose(check.ref, want, rtol=1e-6, atol=1e-6)
+
+
+def test_bench_decay_records_missing_peers_grouped_heads_and_its_time_limit(tmp_path):
+    """A run names each peer it lacks and whether this tree takes grouped b, c (printed and in the data), and
+    one past ``--max-minutes`` still writes its file, saying where it stopped."""
+    mod = _script("bench_decay")
+    rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--max-minutes", "0", "--no-mamba"])
+    data = json.loads((tmp_path / "cpu" / "bench_decay.quick.json").read_text())
+    meta = data["meta"]
+    assert meta["peers"] == {"fla": "missing: needs a CUDA device", "mamba-ssm": "missing: --no-mamba"}
+    assert set(meta["grouped_heads"]) == {"linear_attention", "decode_step"}
+    assert meta["cut_short"].startswith("mamba2 ") and not rep.rows
+    md = _script("render").render_file(str(tmp_path / "cpu" / "bench_decay.quick.json"))
+    assert "peer mamba-ssm: not available: --no-mamba" in md and "stopped at the time limit" in md
+
+
+def test_bench_decay_loads_mamba_ssm_kernels_without_its_package_init(tmp_path):
+    """``--mamba-src``: the Triton kernels' modules load from the source tree, whose ``mamba_ssm/__init__.py``
+    (it imports the CUDA extensions) never runs; a folder without them is a reason, not an error."""
+    mod = _script("bench_decay")
+    ops = tmp_path / "mamba_ssm" / "ops" / "triton"
+    ops.mkdir(parents=True)
+    (tmp_path / "mamba_ssm" / "utils").mkdir()
+    (tmp_path / "mamba_ssm" / "__init__.py").write_text("raise ImportError('the CUDA extensions')\n")
+    (ops / "ssd_combined.py").write_text("from mamba_ssm.ops.triton.helper import TWO\n"
+                                         "def mamba_chunk_scan_combined(*args):\n    return TWO\n")
+    (ops / "helper.py").write_text("TWO = 2\n")
+    (ops / "selective_state_update.py").write_text("def selective_state_update(*args, **kw):\n    return 3\n")
+    (tmp_path / "COMMIT").write_text("0123456789abcdef\n")
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        got, why = mod.load_mamba(str(tmp_path))
+        assert why == "" and got.commit == "0123456789ab" and got.ssd() == 2 and got.state_update() == 3
+        missing, why = mod.load_mamba(str(tmp_path / "nowhere"))
+        assert missing is None and "no mamba_ssm/ops/triton/ssd_combined.py under" in why
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            del sys.modules[name]
 
 
 def test_host_overhead_script_on_cpu():

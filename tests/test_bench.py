@@ -880,6 +880,73 @@ def test_bench_decay_oracle_reads_head_h_of_b_and_c_at_group_h_over_g():
     assert check.scope == "all" and torch.allclose(check.ref, want, rtol=1e-6, atol=1e-6)
 
 
+def _stand_in_ssd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """mamba-ssm's ``mamba_chunk_scan_combined`` in PyTorch, with its shape checks."""
+    batch, n, heads, _ = x.shape
+    groups = B.shape[2]
+    assert dt.shape == (batch, n, heads) and A.shape == (heads,) and C.shape == B.shape == (batch, n, groups, B.shape[3])
+    assert heads % groups == 0 and D is None and z is None and dt_bias is None and not dt_softplus and chunk_size > 0
+    b, c = (t.repeat_interleave(heads // groups, dim=2) for t in (C, B))
+    v = x * dt.unsqueeze(-1)
+    return leettriton.linear_attention(b.float(), c.float(), v, log_decay=A * dt, layout="bnhd",
+                                       method="vanilla_torch").to(x.dtype)
+
+
+def _stand_in_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """mamba-ssm's ``selective_state_update`` in PyTorch (state updated in place), with its shape checks."""
+    batch, heads, p, n = state.shape
+    assert x.shape == dt.shape == (batch, heads, p) and A.shape == (heads, p, n) and C.shape == B.shape
+    assert D.shape == dt_bias.shape == (heads, p) and not dt_softplus
+    group = heads // B.shape[1]
+    dt = dt + dt_bias
+    Bh, Ch = (t.repeat_interleave(group, dim=1).float() for t in (B, C))
+    state.mul_(torch.exp(A * dt.unsqueeze(-1))).add_(Bh.unsqueeze(2) * (dt * x.float()).unsqueeze(-1))
+    return ((state * Ch.unsqueeze(2)).sum(-1) + x.float() * D).to(x.dtype)
+
+
+def _stand_in_fla():
+    """fla's ``chunk_simple_gla`` and ``fused_recurrent_simple_gla`` with a per-token ``g``, in PyTorch."""
+    def chunk(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False):
+        assert q.shape == k.shape and q.shape[:3] == v.shape[:3] == g.shape and g_gamma is None and scale == 1.0
+        out = leettriton.linear_attention(q, k, v, log_decay=g, layout="bnhd", method="vanilla_torch",
+                                          initial_state=initial_state, return_state=output_final_state)
+        return out if output_final_state else (out, None)
+
+    module = type(sys)("fla.ops.simple_gla")
+    module.chunk_simple_gla = module.fused_recurrent_simple_gla = chunk
+    return module
+
+
+def test_bench_decay_runs_the_peers_on_the_inputs_they_take(tmp_path, monkeypatch):
+    """With stand-ins for fla and mamba-ssm (PyTorch, checking the shapes their kernels assert), the run feeds
+    each the mapped inputs (q = C, k = B expanded, g = A·dt; x, dt, A, B, C; the decode step's state as
+    (B, H, d, r) with dt, A, D and dt_bias broadcast), gets the oracle's output back, and tables their ratios."""
+    mod = _script("bench_decay")
+    for name in ("fla", "fla.ops"):
+        monkeypatch.setitem(sys.modules, name, type(sys)(name))
+    monkeypatch.setitem(sys.modules, "fla.ops.simple_gla", _stand_in_fla())
+
+    def find_peers(rep, args):
+        rep.meta["peers"] = {"fla": "stand-in", "mamba-ssm": "stand-in"}
+        return mod.Peers(fla=True, ssd=_stand_in_ssd, state_update=_stand_in_state_update, status=rep.meta["peers"])
+
+    monkeypatch.setattr(mod, "find_peers", find_peers)
+    rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5", "--models", "nemotron",
+                    "--methods", "none"])
+    peers = [r for r in rep.rows if r["kind"] == "peer"]
+    assert {(r["section"], r["method"]) for r in peers} == {
+        (s, m) for s in ("forward", "train", "precision") for m in (mod.FLA, mod.MAMBA)} | {
+        ("decode", mod.DEC_FLA), ("decode", mod.DEC_MAMBA)}
+    assert all(r["status"] == "ok" for r in peers)
+    assert all(r["rel_err"] < 1e-3 for r in peers if r["section"] != "train")    # float16 inputs, exact stand-ins
+    forward = next(t for t in rep.tables if ", forward, " in t["title"])
+    column = next(i for i, h in enumerate(forward["headers"]) if h.startswith("mamba / auto"))   # "auto" or
+    ratios = [row[column] for row in forward["body"]]                      # "auto (b, c expanded)": the tree's
+    assert ratios and all(x.endswith("×") for x in ratios)
+    judged = [t for t in rep.targets if "training step vs mamba_chunk_scan_combined" in t[0]]
+    assert judged and all(t[1].endswith("×)") and t[3] == "n/a" for t in judged)    # measured, judged on a GPU
+
+
 def test_bench_decay_records_missing_peers_grouped_heads_and_its_time_limit(tmp_path):
     """A run names each peer it lacks and whether this tree takes grouped b, c (printed and in the data), and
     one past ``--max-minutes`` still writes its file, saying where it stopped."""

@@ -30,19 +30,21 @@ dt)`` times ours with the two products inside (what mamba-ssm's call does), for 
 4. Precision: each implementation's relative error against the float64 oracle at batch 1, n 8192 per
    layer (every head and row).
 
-Every autotuned kernel, ours and the peers', tunes at the first cell of each layer and dtype and keeps its
-config for the others (their autotune keys hold neither batch nor n), as in a user's process: the tuned
-configs are forgotten there, and the cells run largest first, so each kernel tunes where the time goes
-(``--retune``: at every cell).  mamba-ssm is loaded from its source (``--mamba-src``, the
+Every autotuned kernel, ours and the peers', tunes at the first cell of each layer and dtype (the tuned
+configs are forgotten there) and keeps its config for the cells its autotune key does not tell apart
+(fla's and mamba-ssm's keys hold neither batch nor n), as in a user's process; the cells run largest
+first, so each kernel tunes where the time goes (``--retune``: at every cell).  mamba-ssm is loaded from its source (``--mamba-src``, the
 Triton kernels of state-spaces/mamba exported for the benchmark only, never a dependency); a peer that is
 missing is named in the run's notes and its ``peers`` entry.
 
 Targets: ``auto`` ≥ 1.5× faster than fla and faster than mamba-ssm on every forward and training cell;
 ``decode_step`` ≥ 90 % of the copy bandwidth from batch 64; every method of ours within the tolerance.
 
-    python perf/bench_decay.py --models mamba2 --max-minutes 9      # one layer per call, on the GPU
-    python perf/bench_decay.py --quick      # on the GPU: float16, batch 1 and 8, n 8192; without one: tiny
-                                            # shapes on the PyTorch paths, peers off
+    python perf/bench_decay.py --models mamba2 --max-minutes 8      # one layer per call, on the GPU
+    python perf/bench_decay.py --quick      # on the GPU: float16, batch 1 and 8, n 8192, decode batch 1
+                                            # and 64; without one: tiny shapes, the PyTorch paths, no peers
+
+Each cell's rows are written as soon as it is measured, so a run stopped by a time limit keeps them.
 """
 from __future__ import annotations
 
@@ -472,6 +474,7 @@ def run_cells(rep: common.Report, args, clock: Clock, model: str, layer: Layer, 
                 del do
             del inp
             bench.free_memory()
+            rep.save(args.out)    # each cell's rows on disk: a run killed by a time limit keeps them
 
 
 def forward_rounds(rows, impls, inp: Inputs, model, dt, batch, n, judged: str = AUTO) -> None:
@@ -677,6 +680,7 @@ def run_decode(rep: common.Report, args, clock: Clock, model: str, layer: Layer,
                            None if frac is None or device.type != "cuda" else frac >= 0.9)
             del inp, state0, check, calls
             bench.free_memory()
+            rep.save(args.out)
     rep.section(f"{layer.label}, decode: one token, H_v {layer.heads}, H_k {layer.kv_heads}, r = {layer.r}, "
                 f"d = {layer.d}, per-token decay",
                 ["dtype", "batch", "ours ms", "ours bandwidth (% of copy)", "ours rel err", "fla ms", "fla % of copy",

@@ -68,7 +68,7 @@ from bench_model_shapes import _csv, _ms  # noqa: E402
 import leettriton  # noqa: E402
 from leettriton import bench  # noqa: E402
 from leettriton.autotune import KERNELS, is_interpreting  # noqa: E402
-from leettriton.bench.failures import first_line  # noqa: E402
+from leettriton.bench.failures import first_line, is_fatal  # noqa: E402
 from leettriton.registry import per_token_methods  # noqa: E402
 
 PEERS = importlib.import_module("leettriton.bench.peers")   # the module (``bench.peers`` is its function)
@@ -455,7 +455,14 @@ def run_cells(rep: common.Report, args, clock: Clock, model: str, layer: Layer, 
                           f"{common.cell(row):>9} ms  err {common.fmt_err(m.rel_err)}  {m.status} {m.note}", flush=True)
                 del check
                 if device.type == "cuda":
-                    forward_rounds(rep.rows, impls, inp, model, dt, batch, n, judged)
+                    try:
+                        forward_rounds(rep.rows, impls, inp, model, dt, batch, n, judged)
+                    except Exception as exc:  # noqa: BLE001  (the sweep's times stand; a kernel fault ends the run)
+                        if is_fatal(exc):
+                            raise bench.DeviceFailure(first_line(exc)) from exc
+                        for row in rep.rows[-len(impls):]:
+                            row["rounds_note"] = f"rounds not timed: {first_line(exc)}"
+                        bench.free_memory()
             if "train" in sections:
                 gen = torch.Generator(device=device).manual_seed(3)
                 do = torch.randn(inp.x.shape, generator=gen, device=device, dtype=dt)

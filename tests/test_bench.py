@@ -822,7 +822,8 @@ def test_bench_chunked_times_every_cell_again_for_each_dtype_and_decay_on_a_gpu(
     assert again == [(dt, decay, b, n, mod.SEED, mod.OURS) for b, n in shapes for dt in dtypes for decay in (True, False)]
 
 
-@pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time"])
+@pytest.mark.parametrize("name", ["bench_decode", "bench_chunked", "bench_fleet_recursion", "bench_host_time",
+                                  "bench_decay"])
 def test_perf_script_quick_on_cpu(name, tmp_path):
     rep = _script(name).main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])
     jpath = tmp_path / "cpu" / f"{name}.quick.json"
@@ -857,6 +858,132 @@ def test_bench_chunked_shapes_measures_only_those_shapes_into_files_of_its_own(t
     assert not (tmp_path / "cpu" / "bench_chunked.quick.json").exists()   # a full run's files are left alone
     with pytest.raises(SystemExit):
         mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--shapes", "1x"])
+
+
+def test_bench_decay_oracle_reads_head_h_of_b_and_c_at_group_h_over_g():
+    """The per-token decay bench's oracle, against the recurrence token by token: v = dt·x, a = A·dt, and head h
+    of v reads b = C and c = B of group h // (H_v / H_k) (mamba-ssm's convention, and ours)."""
+    mod = _script("bench_decay")
+    layer = mod.Layer("tiny", 4, 2, 3, 2, "mamba")
+    inp = mod.make_inputs(layer, 2, 5, torch.float32, "cpu")
+    assert torch.equal(inp.v, inp.x * inp.dt.unsqueeze(-1)) and torch.equal(inp.a, inp.A * inp.dt)
+    assert bool((inp.a < 0).all())
+    x, dt, A, B, C = (t.double() for t in (inp.x, inp.dt, inp.A, inp.B, inp.C))
+    want = torch.empty(2, 4, 5, 2, dtype=torch.float64)
+    for b in range(2):
+        for h in range(4):
+            g, state = h // 2, torch.zeros(3, 2, dtype=torch.float64)
+            for t in range(5):
+                state = torch.exp(A[h] * dt[b, t, h]) * state + torch.outer(B[b, t, g], dt[b, t, h] * x[b, t, h])
+                want[b, h, t] = C[b, t, g] @ state
+    check = mod.oracle(inp)
+    assert check.scope == "all" and torch.allclose(check.ref, want, rtol=1e-6, atol=1e-6)
+
+
+def _stand_in_ssd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """mamba-ssm's ``mamba_chunk_scan_combined`` in PyTorch, with its shape checks."""
+    batch, n, heads, _ = x.shape
+    groups = B.shape[2]
+    assert dt.shape == (batch, n, heads) and A.shape == (heads,) and C.shape == B.shape == (batch, n, groups, B.shape[3])
+    assert heads % groups == 0 and D is None and z is None and dt_bias is None and not dt_softplus and chunk_size > 0
+    b, c = (t.repeat_interleave(heads // groups, dim=2) for t in (C, B))
+    v = x * dt.unsqueeze(-1)
+    return leettriton.linear_attention(b.float(), c.float(), v, log_decay=A * dt, layout="bnhd",
+                                       method="vanilla_torch").to(x.dtype)
+
+
+def _stand_in_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """mamba-ssm's ``selective_state_update`` in PyTorch (state updated in place), with its shape checks."""
+    batch, heads, p, n = state.shape
+    assert x.shape == dt.shape == (batch, heads, p) and A.shape == (heads, p, n) and C.shape == B.shape
+    assert D.shape == dt_bias.shape == (heads, p) and not dt_softplus
+    group = heads // B.shape[1]
+    dt = dt + dt_bias
+    Bh, Ch = (t.repeat_interleave(group, dim=1).float() for t in (B, C))
+    state.mul_(torch.exp(A * dt.unsqueeze(-1))).add_(Bh.unsqueeze(2) * (dt * x.float()).unsqueeze(-1))
+    return ((state * Ch.unsqueeze(2)).sum(-1) + x.float() * D).to(x.dtype)
+
+
+def _stand_in_fla():
+    """fla's ``chunk_simple_gla`` and ``fused_recurrent_simple_gla`` with a per-token ``g``, in PyTorch."""
+    def chunk(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False):
+        assert q.shape == k.shape and q.shape[:3] == v.shape[:3] == g.shape and g_gamma is None and scale == 1.0
+        out = leettriton.linear_attention(q, k, v, log_decay=g, layout="bnhd", method="vanilla_torch",
+                                          initial_state=initial_state, return_state=output_final_state)
+        return out if output_final_state else (out, None)
+
+    module = type(sys)("fla.ops.simple_gla")
+    module.chunk_simple_gla = module.fused_recurrent_simple_gla = chunk
+    return module
+
+
+def test_bench_decay_runs_the_peers_on_the_inputs_they_take(tmp_path, monkeypatch):
+    """With stand-ins for fla and mamba-ssm (PyTorch, checking the shapes their kernels assert), the run feeds
+    each the mapped inputs (q = C, k = B expanded, g = A·dt; x, dt, A, B, C; the decode step's state as
+    (B, H, d, r) with dt, A, D and dt_bias broadcast), gets the oracle's output back, and tables their ratios."""
+    mod = _script("bench_decay")
+    for name in ("fla", "fla.ops"):
+        monkeypatch.setitem(sys.modules, name, type(sys)(name))
+    monkeypatch.setitem(sys.modules, "fla.ops.simple_gla", _stand_in_fla())
+
+    def find_peers(rep, args):
+        rep.meta["peers"] = {"fla": "stand-in", "mamba-ssm": "stand-in"}
+        return mod.Peers(fla=True, ssd=_stand_in_ssd, state_update=_stand_in_state_update, status=rep.meta["peers"])
+
+    monkeypatch.setattr(mod, "find_peers", find_peers)
+    rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5", "--models", "nemotron",
+                    "--methods", "none"])
+    peers = [r for r in rep.rows if r["kind"] == "peer"]
+    assert {(r["section"], r["method"]) for r in peers} == {
+        (s, m) for s in ("forward", "train", "precision") for m in (mod.FLA, mod.MAMBA)} | {
+        ("decode", mod.DEC_FLA), ("decode", mod.DEC_MAMBA)}
+    assert all(r["status"] == "ok" for r in peers)
+    assert all(r["rel_err"] < 1e-3 for r in peers if r["section"] != "train")    # float16 inputs, exact stand-ins
+    forward = next(t for t in rep.tables if ", forward, " in t["title"])
+    column = next(i for i, h in enumerate(forward["headers"]) if h.startswith("mamba / auto"))   # "auto" or
+    ratios = [row[column] for row in forward["body"]]                      # "auto (b, c expanded)": the tree's
+    assert ratios and all(x.endswith("×") for x in ratios)
+    judged = [t for t in rep.targets if "training step vs mamba_chunk_scan_combined" in t[0]]
+    assert judged and all(t[1].endswith("×)") and t[3] == "n/a" for t in judged)    # measured, judged on a GPU
+
+
+def test_bench_decay_records_missing_peers_grouped_heads_and_its_time_limit(tmp_path):
+    """A run names each peer it lacks and whether this tree takes grouped b, c (printed and in the data), and
+    one past ``--max-minutes`` still writes its file, saying where it stopped."""
+    mod = _script("bench_decay")
+    rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--max-minutes", "0", "--no-mamba"])
+    data = json.loads((tmp_path / "cpu" / "bench_decay.quick.json").read_text())
+    meta = data["meta"]
+    assert meta["peers"] == {"fla": "missing: needs a CUDA device", "mamba-ssm": "missing: --no-mamba"}
+    assert set(meta["grouped_heads"]) == {"linear_attention", "decode_step"}
+    assert meta["cut_short"].startswith("mamba2 ") and not rep.rows
+    md = _script("render").render_file(str(tmp_path / "cpu" / "bench_decay.quick.json"))
+    assert "peer mamba-ssm: not available: --no-mamba" in md and "stopped at the time limit" in md
+
+
+def test_bench_decay_loads_mamba_ssm_kernels_without_its_package_init(tmp_path):
+    """``--mamba-src``: the Triton kernels' modules load from the source tree, whose ``mamba_ssm/__init__.py``
+    (it imports the CUDA extensions) never runs; a folder without them is a reason, not an error."""
+    mod = _script("bench_decay")
+    ops = tmp_path / "mamba_ssm" / "ops" / "triton"
+    ops.mkdir(parents=True)
+    (tmp_path / "mamba_ssm" / "utils").mkdir()
+    (tmp_path / "mamba_ssm" / "__init__.py").write_text("raise ImportError('the CUDA extensions')\n")
+    (ops / "ssd_combined.py").write_text("from mamba_ssm.ops.triton.helper import TWO\n"
+                                         "def mamba_chunk_scan_combined(*args):\n    return TWO\n")
+    (ops / "helper.py").write_text("TWO = 2\n")
+    (ops / "selective_state_update.py").write_text("def selective_state_update(*args, **kw):\n    return 3\n")
+    (tmp_path / "COMMIT").write_text("0123456789abcdef\n")
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        got, why = mod.load_mamba(str(tmp_path))
+        assert why == "" and got.commit == "0123456789ab" and got.ssd() == 2 and got.state_update() == 3
+        missing, why = mod.load_mamba(str(tmp_path / "nowhere"))
+        assert missing is None and "no mamba_ssm/ops/triton/ssd_combined.py under" in why
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            del sys.modules[name]
 
 
 def test_host_overhead_script_on_cpu():

@@ -39,6 +39,15 @@ and the decayed v before each state update go in as two bfloat16 parts, hi + lo,
 one product each.  float32 inputs run every product at ``DOT_PRECISION``
 ("ieee" by default, or TF32).
 
+With a per-token decay a (``PER_TOKEN_DECAY``, docs/design.md §1.6) γ's decays become each chunk's own: its
+a loaded with its rows (a = 0 past the end), G the cumulative sum of a · log2 e within the chunk (float32,
+relative to the chunk's start), the mask exp2(G_i − G_j) for i ≥ j (selected, the one [BT, BT] exp2 per chunk),
+the row decay exp2(G_i) and the update Sᵀ = exp2(G_last) Sᵀ + (vᵀ ⊙ exp2(G_last − G_j)) c: O(BT) more work and
+one more load per chunk, every exponent ≤ 0.  An a > 0 or NaN makes G NaN from its row on, so that row, the
+rows after it and the state are NaN, and the non-finite state sends the program through the causal form, which
+keeps the rows before it (docs/nonfinite.md).  Segments start from states whose decays are each segment's sum
+of a (kernels/segments.py).
+
 The same jit body serves ``block_based`` (methods/block_based/kernels.py): there the
 sequence is cut into segments whose start states come from the shared
 segment-state kernels, and one program walks one segment (``SEGMENTED``);
@@ -59,39 +68,43 @@ The modes (the kernel's constexprs other than its config BT, BK, BV).  The launc
 :func:`walk_spec` derives all of them from the problem and the launch (one :class:`WalkSpec`), except ``REDO``,
 which :func:`redo_args` sets for the second launch.
 
-=============  ====================================================  =============================================
-mode           what it does                                          set from (allowed with)
-=============  ====================================================  =============================================
-HAS_DECAY      decays by γ (λ = log2 γ per head); off: γ = 1          a γ given
-HAS_INITIAL    reads a start state (else zero)                       an initial state given (varlen: the pool);
-                                                                     always for segments from the workspace
-STORE_STATE    writes the final state (the last segment's            a state asked for; never for segments from
-               programs; varlen: each sequence's row or slot)        the workspace (the state pass wrote it)
-DOT_PRECISION  the products' input precision ("ieee" or "tf32")      float32: the caller's; 16-bit: "tf32"
-SEGMENTED      one program per segment of SEG rows, its start        launch_chunk_walk with a workspace
-               state from the workspace (entry i_s·SUB)              (block_based, sequence parallelism)
-PREFIX         each segment's program sums its start state from      the plan's ``prefix`` (SEGMENTED, SUB = 1)
-               the segments' local states (no scan launch)
-VARLEN         a packed batch: rows from cu_seqlens, one program     launch_varlen_walk (not with SEGMENTED,
-               per sequence, its state row its own or its slot       PREFIX, TWO_PART, TMA, CUT)
-SLOTS          varlen state rows are pool slots (negative: none),    slot ids given (VARLEN only)
-               start state where has_initial_state says so
-RP             r rounded up to a power of two ≥ 16: NK = RP / BK     r (NK ≤ 4: r ≤ WALK_MAX_R)
-               register tiles of the state
-TWO_PART       bfloat16: the state operand and the decayed v in      the problem's ``two_part`` (the backward's
-               two bfloat16 parts, hi + lo                           bfloat16 calls; not VARLEN)
-PIECE          the masked scores' product with v in two parts        a piece of a wider r, 16-bit inputs
-ACC            adds the float32 sum of the pieces before this one    a piece of r after the first
-               to each output tile
-TMA            reads b, c, v through tensor descriptors              :func:`reads_by_descriptor` (not VARLEN,
-                                                                     not a reversed problem)
-CUT            zeroes c and v past a segment's end inside a chunk    TMA, and a segment (or the sequence) whose
-                                                                     length is no multiple of CHUNK_ROWS_MAX
-PDL            float16's redo is a programmatic dependent launch     a checked float16 walk on compute
-                                                                     capability 9 or more
-REDO           float16's second launch: walks again, scaled, the     :func:`redo_args` (the checked walk's
-               programs whose state copy failed its check            second launch only)
-=============  ====================================================  =============================================
+===============  ====================================================  =============================================
+mode             what it does                                          set from (allowed with)
+===============  ====================================================  =============================================
+HAS_DECAY        decays by γ (λ = log2 γ per head); off: γ = 1          a γ given
+HAS_INITIAL      reads a start state (else zero)                       an initial state given (varlen: the pool);
+                                                                       always for segments from the workspace
+STORE_STATE      writes the final state (the last segment's            a state asked for; never for segments from
+                 programs; varlen: each sequence's row or slot)        the workspace (the state pass wrote it)
+DOT_PRECISION    the products' input precision ("ieee" or "tf32")      float32: the caller's; 16-bit: "tf32"
+SEGMENTED        one program per segment of SEG rows, its start        launch_chunk_walk with a workspace
+                 state from the workspace (entry i_s·SUB)              (block_based, sequence parallelism)
+PREFIX           each segment's program sums its start state from      the plan's ``prefix`` (SEGMENTED, SUB = 1)
+                 the segments' local states (no scan launch)
+VARLEN           a packed batch: rows from cu_seqlens, one program     launch_varlen_walk (not with SEGMENTED,
+                 per sequence, its state row its own or its slot       PREFIX, TWO_PART, TMA, CUT)
+SLOTS            varlen state rows are pool slots (negative: none),    slot ids given (VARLEN only)
+                 start state where has_initial_state says so
+RP               r rounded up to a power of two ≥ 16: NK = RP / BK     r (NK ≤ 4: r ≤ WALK_MAX_R)
+                 register tiles of the state
+TWO_PART         bfloat16: the state operand and the decayed v in      the problem's ``two_part`` (the backward's
+                 two bfloat16 parts, hi + lo                           bfloat16 calls; not VARLEN)
+PIECE            the masked scores' product with v in two parts        a piece of a wider r, 16-bit inputs
+ACC              adds the float32 sum of the pieces before this one    a piece of r after the first
+                 to each output tile
+TMA              reads b, c, v through tensor descriptors              :func:`reads_by_descriptor` (not VARLEN,
+                                                                       not a reversed problem)
+CUT              zeroes c and v past a segment's end inside a chunk    TMA, and a segment (or the sequence) whose
+                                                                       length is no multiple of CHUNK_ROWS_MAX
+PER_TOKEN_DECAY  decays by the per-token a (``a_ptr``): each           a log_decay given (γ is then absent); not a
+                 chunk's mask, row and key decays from the             reversed problem (the backward reverses the
+                 cumulative sum of a within it (_token_decays);        decays on copies).  Allowed with every other
+                 PREFIX: the segments' decays (``sum_ptr``)            mode: none is switched off for it
+PDL              float16's redo is a programmatic dependent launch     a checked float16 walk on compute
+                                                                       capability 9 or more
+REDO             float16's second launch: walks again, scaled, the     :func:`redo_args` (the checked walk's
+                 programs whose state copy failed its check            second launch only)
+===============  ====================================================  =============================================
 
 Derived in the kernel from these and the dtypes: ``NK``; ``MODE`` of :func:`_walk_chunks` (0: the state
 operand rounded as it is, bfloat16 and float32; 1: float16 checked, RP ≥ CHECKED_MIN_R; 2: float16 scaled,

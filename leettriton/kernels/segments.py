@@ -48,12 +48,11 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _chunk_key_decays(p_ld, stride_ldn, o_t, t_end, BT: tl.constexpr):
-    """One chunk's (rows ``o_t``, those from ``t_end`` on reading a = 0) decays to its end from the per-token
-    decays a: exp2(G_last − G_j) per row j, and G_last, with G_j = (a_0 + … + a_j) · log2 e the cumulative sum
-    within the chunk (float32).  Exponents ≤ 0 (a rounded difference above zero taken as zero); a > 0 or NaN
-    is NaN from its row on."""
-    a = tl.load(p_ld + o_t * stride_ldn, mask=o_t < t_end, other=0.0).to(tl.float32)
+def _chunk_key_decays(a, BT: tl.constexpr):
+    """One chunk's decays to its end from its per-token decays ``a`` ([BT] float32, a = 0 past the end):
+    exp2(G_last − G_j) per row j, and G_last, with G_j = (a_0 + … + a_j) · log2 e the cumulative sum within the
+    chunk (float32).  Exponents ≤ 0 (a rounded difference above zero taken as zero); a > 0 or NaN is NaN from
+    its row on."""
     g = tl.cumsum(tl.where(a <= 0.0, a * LOG2E, float("nan")), axis=0)  # [BT]
     g_last = tl.sum(tl.where(tl.arange(0, BT) == BT - 1, g, 0.0), axis=0)
     tail = g_last - g
@@ -89,7 +88,10 @@ def _segment_state_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     acc = tl.zeros([BK, BV], dtype=tl.float32)
     if PER_TOKEN_DECAY:
+        # the decays come in one chunk ahead (a [BT] load is not one Triton's pipeliner takes)
         p_ld = head_ptr(a_ptr, a_strides, i_b, i_h)
+        a_next = tl.load(p_ld + (t_start + tl.arange(0, BT)) * a_strides[2],
+                         mask=t_start + tl.arange(0, BT) < t_end, other=0.0).to(tl.float32)
         a_sum = tl.zeros([1], dtype=tl.float32)  # the segment's decay so far, log2 units
     for t0 in range(t_start, t_end, BT):
         o_t = t0 + tl.arange(0, BT)
@@ -100,7 +102,9 @@ def _segment_state_kernel(
         # of the state), so a product b·S that cancels over the ranks does not add up r of them.
         # (with TWO_PART, bfloat16: the decayed v in two parts, two products)
         if PER_TOKEN_DECAY:  # the chunks in order: S ← exp(G_last) S + Σ_j exp(G_last − G_j) c_jᵀ v_j
-            row_decay, g_last = _chunk_key_decays(p_ld, a_strides[2], o_t, t_end, BT)
+            a_chunk = a_next
+            a_next = tl.load(p_ld + (o_t + BT) * a_strides[2], mask=o_t + BT < t_end, other=0.0).to(tl.float32)
+            row_decay, g_last = _chunk_key_decays(a_chunk, BT)
             acc = acc * tl.exp2(g_last)
             a_sum += g_last
         else:

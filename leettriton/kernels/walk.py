@@ -413,9 +413,16 @@ def _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v,
 
 
 @triton.jit
-def _token_decays(p_ld, stride_ldn, o_t, rows, BT: tl.constexpr):
-    """A chunk's decays from its per-token decays a (``p_ld`` at its first row; rows from ``rows`` on read a = 0):
-    with G_i = (a_0 + … + a_i) · log2 e, the cumulative sum within the chunk (float32, relative to its start),
+def _load_decays(p_ld, stride_ldn, o_t, rows):
+    """The [BT] per-token decays a of a chunk (``p_ld`` at its first row) as float32, a = 0 from row ``rows`` on
+    (none present where ``rows`` ≤ 0: nothing is read)."""
+    return tl.load(p_ld + o_t * stride_ldn, mask=o_t < rows, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _token_decays(a, o_t, BT: tl.constexpr):
+    """A chunk's decays from its per-token decays ``a`` (:func:`_load_decays`, a = 0 past the end): with
+    G_i = (a_0 + … + a_i) · log2 e, the cumulative sum within the chunk (float32, relative to its start),
 
         m_intra_t[j, i] = exp2(G_i − G_j) for i ≥ j, else 0     (M transposed, as the walk's scores are)
         row_decay[i]    = exp2(G_i)                             (the state before the chunk, seen by row i)
@@ -426,7 +433,6 @@ def _token_decays(p_ld, stride_ldn, o_t, rows, BT: tl.constexpr):
     and a masked one is −inf: a factor of exactly 0, never a positive exponent); a > 0 or NaN is NaN, so
     every factor from its row on is NaN and the rows before it keep theirs (docs/design.md §1.6).  O(BT)
     work and one [BT, BT] exp2 per chunk."""
-    a = tl.load(p_ld + o_t * stride_ldn, mask=o_t < rows, other=0.0).to(tl.float32)
     g = tl.cumsum(tl.where(a <= 0.0, a * LOG2E, float("nan")), axis=0)  # [BT]
     g_last = tl.sum(tl.where(o_t == BT - 1, g, 0.0), axis=0)  # G at the chunk's last row (a = 0 past the end)
     diff = g[None, :] - g[:, None]  # [j, i]: G_i − G_j
@@ -463,6 +469,10 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
         # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
         m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
         row_decay = decay(lam, o_t + 1, HAS_DECAY)
+    else:
+        # each chunk's decays come in one chunk ahead, as the pipelined tiles of b, c and v do (a [BT] load is
+        # not one Triton's pipeliner takes): their latency hides behind the chunk before
+        a_next = _load_decays(p_ld, stride_ldn, o_t, t_end - t_start)
     # the check's maxima from the 16-bit copy where one tile holds all of r (r = 256 at 8 warps: the cheaper
     # reduction), else from the float32 tiles, which cost less to reduce than two copies (docs/design.md §2.3)
     FROM_COPY: tl.constexpr = NK == 1
@@ -476,7 +486,10 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
         if PER_TOKEN_DECAY:
-            m_intra_t, row_decay, key_decay, g_chunk = _token_decays(p_ld, stride_ldn, o_t, rows, BT)
+            a_chunk = a_next
+            p_ld += BT * stride_ldn
+            a_next = _load_decays(p_ld, stride_ldn, o_t, rows - BT)  # the next chunk's
+            m_intra_t, row_decay, key_decay, g_chunk = _token_decays(a_chunk, o_t, BT)
         if MODE == 2:
             # one power-of-two scale per state row (value column), from its largest entry
             m = _row_absmax(s0)
@@ -575,8 +588,6 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
         p_v += BT * stride_vn
         p_o += BT * stride_on
         p_a += BT * stride_an
-        if PER_TOKEN_DECAY:
-            p_ld += BT * stride_ldn
     # out of float16's range: a score past 65 504, or (a necessary condition for a tile all below 2^-14, rows of
     # zeros aside) every key with a nonzero score in some chunk below 2^-14 in some chunk
     if F16:

@@ -96,9 +96,9 @@ def test_float16_checked_walk_by_descriptor_in_segments(method):
     s0 = torch.randn(B, H, r, d, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     s0[:, 1] *= 1e6   # the second head's state copy overflows float16: its programs walk again, scaled
     b[:, 1] *= 1e-4   # (its outputs within float16's range)
-    p, _ = make_problem(b, c, v, None, log_decay=a)
-    assert reads_by_descriptor(p, 3) == (leettriton.kernels.walk.DESCRIPTORS and
-                                         (not HAS_GPU or torch.cuda.get_device_capability()[0] >= 9))
+    if not HAS_GPU:   # (a GPU reads by descriptor only where the programs fill it)
+        p, _ = make_problem(b, c, v, None, log_decay=a)
+        assert reads_by_descriptor(p, 3) == leettriton.kernels.walk.DESCRIPTORS
     out, state = leettriton.linear_attention(b, c, v, log_decay=a, method=method, initial_state=s0,
                                              return_state=True)
     ref, ref_state = reference(b.float(), c.float(), v.float(), log_decay=a, initial_state=s0, return_state=True)
@@ -239,12 +239,20 @@ def test_packed_prefill_with_a_state_pool(method, dtype):
         assert torch.equal(pool[untouched], before[untouched])
 
 
-def test_auto_runs_a_walk_for_per_token_problems():
-    """``auto`` with a per-token decay chooses among the methods that take one: a walk past 64 rows."""
-    from leettriton.plan import resolve
+def test_auto_chooses_a_method_that_takes_the_decay(monkeypatch):
+    """``auto`` with a per-token decay chooses among the methods that take one: the heuristic file's where it
+    takes one (its configs, measured with a constant decay, left to the autotuner), else the fallback's walk past
+    64 rows and the recurrence below."""
+    from leettriton import plan
 
     b, c, v, a = _inputs(1, 2, 100, 4, 4)
-    p, _ = make_problem(b, c, v, None, log_decay=a)
-    assert resolve(p, "auto").method in WALKS
-    p, _ = make_problem(b[:, :, :40], c[:, :, :40], v[:, :, :40], None, log_decay=a[:, :, :40])
-    assert leettriton.registry.supports_per_token(resolve(p, "auto").method)
+    long, _ = make_problem(b, c, v, None, log_decay=a)
+    short, _ = make_problem(b[:, :, :40], c[:, :, :40], v[:, :, :40], None, log_decay=a[:, :, :40])
+    monkeypatch.setattr(plan, "choose", lambda p: ("block_based", {"block_based.fwd": {"BT": 16}}))
+    assert plan.choose_per_token(long) == ("block_based", None)
+    monkeypatch.setattr(plan, "choose", lambda p: ("vanilla", None))   # a method without it: the fallback's
+    assert plan.choose_per_token(long)[0] == plan.fallback(long, plan.current_family(long.v.device)) in WALKS
+    assert plan.choose_per_token(short) == (plan.PER_TOKEN_AUTO, None)
+    monkeypatch.undo()
+    method = plan.resolve(long, "auto").method
+    assert leettriton.registry.supports_per_token(method) and method != "vanilla"

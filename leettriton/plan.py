@@ -67,7 +67,8 @@ def choose(p: Problem) -> tuple[str, Optional[Mapping]]:
 
 
 PER_TOKEN_AUTO = "causal_dot_product"
-"""``auto``'s method for a short sequence (n ≤ 64) with a per-token decay: the recurrence (:func:`choose_per_token`)."""
+"""``auto``'s method for a short sequence (n ≤ 64) with a per-token decay, where the heuristic file names none that
+takes it: the recurrence (:func:`choose_per_token`)."""
 
 
 def choose_per_token(p: Problem) -> tuple[str, Optional[Mapping]]:

@@ -555,9 +555,8 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
             tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
             rows, never an access out of bounds; a repeated slot is a race).
         log_decay: a per-token decay instead of gamma, ``(T, heads)`` (a ≤ 0, float32 or the inputs' dtype, any
-            strides; docs/design.md §1.6).  The packed kernels do not take it yet: it runs through a
-            ``"<method>_torch"`` twin (``auto`` on CPU tensors outside the interpreter); other methods raise
-            ``NotImplementedError``.
+            strides; docs/design.md §1.6), read by the packed chunk walk as it is (``auto``,
+            ``"lightning_attention"``, ``"block_based"``) or by a ``"<method>_torch"`` twin.
 
     Returns:
         The output ``(T, heads, d)`` in v's dtype; with ``return_state=True``, ``(output, states)``.
@@ -590,12 +589,10 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         ld = problem.resolve_log_decay(log_decay, gamma, (T, H), p.v.dtype, p.v.device,
                                        where="linear_attention_varlen", axes="(T, heads)")
         p.log_decay = ld.transpose(0, 1).unsqueeze(0)   # (1, H, T), a view
-        if name == "auto" and p.v.device.type == "cpu" and not is_interpreting():
-            name = "lightning_attention_torch"
-        if registry.torch_method(name) is None:
+        if registry.torch_method(name) is None and name not in ("auto",) + VARLEN_NATIVE:
             raise NotImplementedError(
                 f"linear_attention_varlen: method {name!r} does not take a per-token decay (log_decay) for a packed "
-                f"batch yet; use a '<method>_torch' twin (e.g. 'lightning_attention_torch')")
+                f"batch; use 'auto', {', '.join(repr(m) for m in VARLEN_NATIVE)} or a '<method>_torch' twin")
     if name in ("auto",) + VARLEN_NATIVE and p.v.device.type == "cpu" and not is_interpreting():
         name = "lightning_attention_torch"
     if registry.torch_method(name) is not None:

@@ -67,12 +67,26 @@ def choose(p: Problem) -> tuple[str, Optional[Mapping]]:
 
 
 PER_TOKEN_AUTO = "causal_dot_product"
-"""``auto``'s method for a problem with a per-token decay (the one built-in whose kernel runs it)."""
+"""``auto``'s method for a short sequence (n ≤ 64) with a per-token decay, where the heuristic file names none that
+takes it: the recurrence (:func:`choose_per_token`)."""
+
+
+def choose_per_token(p: Problem) -> tuple[str, Optional[Mapping]]:
+    """``auto``'s method for ``p`` with a per-token decay, among those that take one (``Method.per_token_decay``):
+    the heuristic file's method where it takes one (its configs, measured with a constant decay, are left to the
+    autotuner: the per-token walk forms its decays per chunk), else :func:`fallback`'s, with
+    :data:`PER_TOKEN_AUTO` for its short sequences (vanilla takes none).  CPU tensors outside the interpreter run
+    ``lightning_attention_torch``."""
+    name, _ = choose(p)
+    if registry.torch_method(name) is not None or registry.supports_per_token(name):
+        return name, None
+    name = fallback(p, current_family(p.v.device))
+    return (name if registry.supports_per_token(name) else PER_TOKEN_AUTO), None
 
 
 def _build(p: Problem, name: str, configs: Optional[Mapping]) -> Plan:
     if name == "auto" and p.log_decay is not None:
-        name = PER_TOKEN_AUTO
+        name, configs = choose_per_token(p)
     elif name == "auto":
         name, configs = choose(p)
     user = registry.user_method(name)

@@ -22,7 +22,7 @@ from helpers import assert_close
 TWINS = ["vanilla_torch", "causal_dot_product_torch", "lightning_attention_torch", "block_based_torch",
          "recursion_torch", "fleet_attention_torch"]
 KERNELS = ["causal_dot_product", "auto"]
-UNSUPPORTED = ["vanilla", "lightning_attention", "block_based", "recursion", "fleet_attention"]
+UNSUPPORTED = ["vanilla", "recursion", "fleet_attention"]
 
 
 def _inputs(B, H, n, r, d, layout, dtype=torch.float32, seed=0, strength=20.0, strided=False):
@@ -133,8 +133,8 @@ def test_varlen_twin_matches_each_sequence():
                                    log_decay=a[s:e].unsqueeze(0), layout="bnhd", return_state=True)
         assert_close(o[s:e], ref[0], 1e-5, f"sequence {i}")
         assert_close(states[i], ref_state[0], 1e-5, f"sequence {i}'s state")
-    with pytest.raises(NotImplementedError, match="lightning_attention_torch"):
-        leettriton.linear_attention_varlen(b, c, v, cu, log_decay=a, method="lightning_attention")
+    with pytest.raises(NotImplementedError, match="method 'vanilla' does not take a per-token decay"):
+        leettriton.linear_attention_varlen(b, c, v, cu, log_decay=a, method="vanilla")
 
 
 def test_a_positive_or_nan_decay_gives_nan_rows_of_its_head_only():

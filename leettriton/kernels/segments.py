@@ -16,6 +16,13 @@ each segment's *start* state is known.  Two kernels give those states:
 With one segment the first kernel writes the final state directly
 (γ^n S₀ + S_loc), which is how methods without a state of their own (vanilla)
 produce it.
+
+With a per-token decay a (``PER_TOKEN_DECAY``, docs/design.md §1.6) γ^(e_s − 1 − j) is exp(a_{j+1} + … +
+a_{e_s − 1}): the state pass walks its segment's chunks in order, S ← exp(G_last) S + Σ_j exp(G_last − G_j)
+c_jᵀ v_j with G the cumulative sum of a within the chunk (float32, relative to the chunk's start), and writes
+beside each local state its segment's decay A_s = Σ_{j in s} a_j · log2 e (the sum of its chunks' sums, in
+log2 units: :func:`segment_sums`).  The scan is then start[s+1] = exp2(A_s) start[s] + S_loc[s]: each factor
+the decay of one segment, never a difference of long prefix sums.  Every exponent is ≤ 0; a > 0 or NaN is NaN.
 """
 from __future__ import annotations
 
@@ -34,7 +41,22 @@ from ..autotune.sizing import cdiv
 from .abi import (batch_head, decay, head_log2_gamma, head_ptr, load_tile, low_part, mma, problem_args, round_to,
                   store_tile, two_part)
 
-_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART", "WAVE"]
+_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART", "WAVE", "PER_TOKEN_DECAY"]
+
+LOG2E = tl.constexpr(1.4426950408889634)
+"""log2 e: a natural-log decay a becomes the base-2 exponent a · log2 e."""
+
+
+@triton.jit
+def _chunk_key_decays(a, BT: tl.constexpr):
+    """One chunk's decays to its end from its per-token decays ``a`` ([BT] float32, a = 0 past the end):
+    exp2(G_last − G_j) per row j, and G_last, with G_j = (a_0 + … + a_j) · log2 e the cumulative sum within the
+    chunk (float32).  Exponents ≤ 0 (a rounded difference above zero taken as zero); a > 0 or NaN is NaN from
+    its row on."""
+    g = tl.cumsum(tl.where(a <= 0.0, a * LOG2E, float("nan")), axis=0)  # [BT]
+    g_last = tl.sum(tl.where(tl.arange(0, BT) == BT - 1, g, 0.0), axis=0)
+    tail = g_last - g
+    return tl.exp2(tl.where(tail > 0.0, 0.0, tail)), g_last
 
 
 @autotune(spaces.STATE, key=_KEY)
@@ -42,8 +64,9 @@ _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PA
 def _segment_state_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NL, WAVE,
-    DIRECT: tl.constexpr, TWO_PART: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    ws_ptr, SEG, NS, NL, WAVE, a_ptr, a_strides, sum_ptr,
+    DIRECT: tl.constexpr, TWO_PART: tl.constexpr, PER_TOKEN_DECAY: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr,
 ):
     # WAVE: the pass's size class, read by its autotuner only (segments_space.pass_wave)
     # batch·heads × the NL ≤ NS segments computed on the grid's first axis (the others are limited to
@@ -64,6 +87,12 @@ def _segment_state_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     acc = tl.zeros([BK, BV], dtype=tl.float32)
+    if PER_TOKEN_DECAY:
+        # the decays come in one chunk ahead (a [BT] load is not one Triton's pipeliner takes)
+        p_ld = head_ptr(a_ptr, a_strides, i_b, i_h)
+        a_next = tl.load(p_ld + (t_start + tl.arange(0, BT)) * a_strides[2],
+                         mask=t_start + tl.arange(0, BT) < t_end, other=0.0).to(tl.float32)
+        a_sum = tl.zeros([1], dtype=tl.float32)  # the segment's decay so far, log2 units
     for t0 in range(t_start, t_end, BT):
         o_t = t0 + tl.arange(0, BT)
         b_c = load_tile(p_c, o_t, o_k, c_strides[2], c_strides[3], t_end, R)
@@ -72,7 +101,14 @@ def _segment_state_kernel(
         # goes on v: rounded to a 16-bit operand, its error is then the same for every rank (row
         # of the state), so a product b·S that cancels over the ranks does not add up r of them.
         # (with TWO_PART, bfloat16: the decayed v in two parts, two products)
-        row_decay = decay(lam, tl.maximum(t_end - 1 - o_t, 0), HAS_DECAY)
+        if PER_TOKEN_DECAY:  # the chunks in order: S ← exp(G_last) S + Σ_j exp(G_last − G_j) c_jᵀ v_j
+            a_chunk = a_next
+            a_next = tl.load(p_ld + (o_t + BT) * a_strides[2], mask=o_t + BT < t_end, other=0.0).to(tl.float32)
+            row_decay, g_last = _chunk_key_decays(a_chunk, BT)
+            acc = acc * tl.exp2(g_last)
+            a_sum += g_last
+        else:
+            row_decay = decay(lam, tl.maximum(t_end - 1 - o_t, 0), HAS_DECAY)
         b_vd = b_v * row_decay[:, None]
         b_vdh = round_to(b_vd, b_v.dtype)
         acc += mma(tl.trans(b_c), b_vdh, DOT_PRECISION)  # [BK, BT] @ [BT, BV]
@@ -83,22 +119,30 @@ def _segment_state_kernel(
         # one segment: the final state itself
         if HAS_INITIAL:
             p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
-            acc += load_tile(p_s0, o_k, o_v, s0_strides[2], s0_strides[3], R, D) * decay(lam, N, HAS_DECAY)
+            if PER_TOKEN_DECAY:
+                g_n = tl.exp2(tl.sum(a_sum, axis=0))
+            else:
+                g_n = decay(lam, N, HAS_DECAY)
+            acc += load_tile(p_s0, o_k, o_v, s0_strides[2], s0_strides[3], R, D) * g_n
         p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
         store_tile(p_st, acc, o_k, o_v, st_strides[2], st_strides[3], R, D)
     else:
         ws_ptr += i_bhs.to(tl.int64) * R * D
         store_tile(ws_ptr, acc, o_k, o_v, D, 1, R, D)
+        if PER_TOKEN_DECAY:  # the segment's decay, once per segment (by its first state tile's program)
+            if (i_k == 0) & (i_v == 0):
+                tl.store(sum_ptr + i_bhs.to(tl.int64), tl.sum(a_sum, axis=0))
 
 
 # the scan rewrites the workspace in place: the autotuner must restore it between its trial runs
-@autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE"], restore_value=["ws_ptr"])
+@autotune(spaces.SCAN, key=["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "PER_TOKEN_DECAY"],
+          restore_value=["ws_ptr"])
 @triton.jit(do_not_specialize=["N", "SEG", "NS", "NW"])
 def _segment_scan_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NW,
-    BK: tl.constexpr, BV: tl.constexpr,
+    ws_ptr, SEG, NS, NW, sum_ptr,
+    PER_TOKEN_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # the first NS of the NW entries per batch·head (NS = NW when the final state is wanted)
     i_bh = tl.program_id(0)
@@ -116,19 +160,29 @@ def _segment_scan_kernel(
         b_s = load_tile(p_s0, o_k, o_v, s0_strides[2], s0_strides[3], R, D)
     else:
         b_s = tl.zeros([BK, BV], dtype=tl.float32)
-    # every segment but the last is SEG rows long; each start state replaces the local state in place
-    seg_decay = decay(lam, SEG, HAS_DECAY)
+    # every segment but the last is SEG rows long; each start state replaces the local state in place.
+    # PER_TOKEN_DECAY: each segment's own decay exp2(A_s), from the state pass (NW per batch·head)
+    if PER_TOKEN_DECAY:
+        p_sum = sum_ptr + i_bh.to(tl.int64) * NW
+    else:
+        seg_decay = decay(lam, SEG, HAS_DECAY)
     for i_s in range(0, NS - 1):
         b_local = tl.load(p_ws, mask=m_kv, other=0.0)
         tl.store(p_ws, b_s, mask=m_kv)
-        b_s = b_s * seg_decay + b_local
+        if PER_TOKEN_DECAY:
+            b_s = b_s * tl.exp2(tl.load(p_sum + i_s)) + b_local
+        else:
+            b_s = b_s * seg_decay + b_local
         p_ws += R * D
     # the last segment's local state exists (and is read) only when the final state is wanted
     if STORE_STATE:
         b_local = tl.load(p_ws, mask=m_kv, other=0.0)
     tl.store(p_ws, b_s, mask=m_kv)
     if STORE_STATE:
-        b_s = b_s * decay(lam, N - (NS - 1) * SEG, HAS_DECAY) + b_local
+        if PER_TOKEN_DECAY:
+            b_s = b_s * tl.exp2(tl.load(p_sum + NS - 1)) + b_local
+        else:
+            b_s = b_s * decay(lam, N - (NS - 1) * SEG, HAS_DECAY) + b_local
         p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
         store_tile(p_st, b_s, o_k, o_v, st_strides[2], st_strides[3], R, D)
 
@@ -136,8 +190,42 @@ def _segment_scan_kernel(
 _POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr")
 # both kernels launch through their compiled launches (docs/design.md §4.5): a launch seen before (sizes,
 # strides, segments, flags, config; the batch size, which the grids read) goes straight to the compiled kernel
-_STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _POINTERS)
-_SCAN_LAUNCHES = CompiledLaunches(_segment_scan_kernel, _POINTERS)
+_STATE_LAUNCHES = CompiledLaunches(_segment_state_kernel, _POINTERS + ("a_ptr", "sum_ptr"))
+_SCAN_LAUNCHES = CompiledLaunches(_segment_scan_kernel, _POINTERS + ("sum_ptr",))
+
+
+def token_decay_args(p: Problem) -> dict:
+    """``a_ptr`` and ``a_strides``, the per-token decay (``p.log_decay``, a (B, H, n) view) as the walk and the
+    state pass read it, or an unread stand-in without one.  A reversed problem with a per-token decay is never
+    run (its decays are shifted by a row: the backward reverses them itself, docs/design.md §10.6)."""
+    if p.log_decay is None:
+        return dict(a_ptr=p.out, a_strides=(0, 0, 0))
+    if p.reverse:
+        raise ValueError("a reversed problem with a per-token decay is not run (the backward reverses the decays "
+                         "itself, on reversed copies)")
+    return dict(a_ptr=p.log_decay, a_strides=tuple(p.log_decay.stride()))
+
+
+def _workspace(p: Problem, ns: int) -> torch.Tensor:
+    """A float32 ``(B, H, ns, r, d)`` workspace (contiguous); with a per-token decay, followed in the same
+    allocation by the ``(B, H, ns)`` segments' decays (:func:`segment_sums`)."""
+    B, H, n, r, d = p.shape
+    if p.log_decay is None:
+        return torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
+    states = B * H * ns * r * d
+    return torch.empty(states + B * H * ns, dtype=torch.float32, device=p.v.device)[:states].view(B, H, ns, r, d)
+
+
+def segment_sums(ws: torch.Tensor) -> torch.Tensor:
+    """The ``(B, H, ns)`` float32 segments' decays A_s = Σ_{j in s} a_j · log2 e (log2 units) that follow the
+    states of a per-token problem's workspace ``ws`` (from :func:`segment_local_states`), a view."""
+    B, H, ns = ws.shape[:3]
+    return ws.as_strided((B, H, ns), (H * ns, ns, 1), ws.storage_offset() + ws.numel())
+
+
+def _sums_arg(p: Problem, ws: torch.Tensor) -> torch.Tensor:
+    """The kernels' ``sum_ptr``: :func:`segment_sums` of ``ws`` with a per-token decay, else an unread stand-in."""
+    return ws if p.log_decay is None else segment_sums(ws)
 
 
 def _wave(p: Problem, sums: int) -> int:
@@ -152,7 +240,8 @@ def final_state(p: Problem, config: Optional[Mapping] = None) -> None:
     grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
     _STATE_LAUNCHES.launch_args(grid, (config or {}).get(spaces.STATE.name),
                                 dict(problem_args(p), ws_ptr=p.out, SEG=n, NS=1, NL=1, DIRECT=True,
-                                     TWO_PART=two_part(p), WAVE=_wave(p, B * H)), B)
+                                     TWO_PART=two_part(p), WAVE=_wave(p, B * H), sum_ptr=p.out,
+                                     PER_TOKEN_DECAY=p.log_decay is not None, **token_decay_args(p)), B)
 
 
 def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = None, *,
@@ -162,20 +251,23 @@ def segment_local_states(p: Problem, seg_len: int, config: Optional[Mapping] = N
     Returns a float32 tensor of shape ``(B, H, NS, r, d)`` (contiguous), NS = ceil(n / seg_len).
     With ``last=False`` the last segment's entry is left unwritten (and its rows are not read); with
     ``count``, every entry from ``count`` on (a caller that cut the last of its own, longer segments
-    into several of these needs none of them).
+    into several of these needs none of them).  With a per-token decay the segments' decays follow the
+    states in the same allocation (:func:`segment_sums`), written for the same entries.
     """
     B, H, n, r, d = p.shape
     ns = cdiv(n, seg_len)
     nl = count if count is not None else ns if last else ns - 1
-    ws = torch.empty((B, H, ns, r, d), dtype=torch.float32, device=p.v.device)
+    ws = _workspace(p, ns)
     if nl > 0:
         mark = (_STATE_LAUNCHES, seg_len, nl, two_part(p))
-        if not p.repeat_launch(mark, (ws,)):
+        decays = token_decay_args(p)
+        sums = _sums_arg(p, ws)
+        if not p.repeat_launch(mark, (ws, decays["a_ptr"], sums)):
             grid = lambda meta: (B * H * nl, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
             p.keep_launch(mark, _STATE_LAUNCHES.launch_args(
                 grid, (config or {}).get(spaces.STATE.name),
                 dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=ns, NL=nl, DIRECT=False, TWO_PART=two_part(p),
-                     WAVE=_wave(p, B * H * nl)), B))
+                     WAVE=_wave(p, B * H * nl), sum_ptr=sums, PER_TOKEN_DECAY=p.log_decay is not None, **decays), B))
     return ws
 
 
@@ -204,8 +296,10 @@ def scan_segment_states(p: Problem, ws: torch.Tensor, seg_len: int, config: Opti
     if p.state is not None and count != ws.shape[2]:
         raise ValueError("the final state needs the scan of every segment")
     mark = (_SCAN_LAUNCHES, seg_len, count, ws.shape[2])
-    if not p.repeat_launch(mark, (ws,)):
+    sums = _sums_arg(p, ws)
+    if not p.repeat_launch(mark, (ws, sums)):
         scan_grid = lambda meta: (B * H, cdiv(r, meta["BK"]), cdiv(d, meta["BV"]))  # noqa: E731
         p.keep_launch(mark, _SCAN_LAUNCHES.launch_args(
             scan_grid, (config or {}).get(spaces.SCAN.name),
-            dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=count, NW=ws.shape[2]), B))
+            dict(problem_args(p), ws_ptr=ws, SEG=seg_len, NS=count, NW=ws.shape[2], sum_ptr=sums,
+                 PER_TOKEN_DECAY=p.log_decay is not None), B))

@@ -39,6 +39,15 @@ and the decayed v before each state update go in as two bfloat16 parts, hi + lo,
 one product each.  float32 inputs run every product at ``DOT_PRECISION``
 ("ieee" by default, or TF32).
 
+With a per-token decay a (``PER_TOKEN_DECAY``, docs/design.md §1.6) γ's decays become each chunk's own: its
+a loaded with its rows (a = 0 past the end), G the cumulative sum of a · log2 e within the chunk (float32,
+relative to the chunk's start), the mask exp2(G_i − G_j) for i ≥ j (selected, the one [BT, BT] exp2 per chunk),
+the row decay exp2(G_i) and the update Sᵀ = exp2(G_last) Sᵀ + (vᵀ ⊙ exp2(G_last − G_j)) c: O(BT) more work and
+one more load per chunk, every exponent ≤ 0.  An a > 0 or NaN makes G NaN from its row on, so that row, the
+rows after it and the state are NaN, and the non-finite state sends the program through the causal form, which
+keeps the rows before it (docs/nonfinite.md).  Segments start from states whose decays are each segment's sum
+of a (kernels/segments.py).
+
 The same jit body serves ``block_based`` (methods/block_based/kernels.py): there the
 sequence is cut into segments whose start states come from the shared
 segment-state kernels, and one program walks one segment (``SEGMENTED``);
@@ -59,39 +68,43 @@ The modes (the kernel's constexprs other than its config BT, BK, BV).  The launc
 :func:`walk_spec` derives all of them from the problem and the launch (one :class:`WalkSpec`), except ``REDO``,
 which :func:`redo_args` sets for the second launch.
 
-=============  ====================================================  =============================================
-mode           what it does                                          set from (allowed with)
-=============  ====================================================  =============================================
-HAS_DECAY      decays by γ (λ = log2 γ per head); off: γ = 1          a γ given
-HAS_INITIAL    reads a start state (else zero)                       an initial state given (varlen: the pool);
-                                                                     always for segments from the workspace
-STORE_STATE    writes the final state (the last segment's            a state asked for; never for segments from
-               programs; varlen: each sequence's row or slot)        the workspace (the state pass wrote it)
-DOT_PRECISION  the products' input precision ("ieee" or "tf32")      float32: the caller's; 16-bit: "tf32"
-SEGMENTED      one program per segment of SEG rows, its start        launch_chunk_walk with a workspace
-               state from the workspace (entry i_s·SUB)              (block_based, sequence parallelism)
-PREFIX         each segment's program sums its start state from      the plan's ``prefix`` (SEGMENTED, SUB = 1)
-               the segments' local states (no scan launch)
-VARLEN         a packed batch: rows from cu_seqlens, one program     launch_varlen_walk (not with SEGMENTED,
-               per sequence, its state row its own or its slot       PREFIX, TWO_PART, TMA, CUT)
-SLOTS          varlen state rows are pool slots (negative: none),    slot ids given (VARLEN only)
-               start state where has_initial_state says so
-RP             r rounded up to a power of two ≥ 16: NK = RP / BK     r (NK ≤ 4: r ≤ WALK_MAX_R)
-               register tiles of the state
-TWO_PART       bfloat16: the state operand and the decayed v in      the problem's ``two_part`` (the backward's
-               two bfloat16 parts, hi + lo                           bfloat16 calls; not VARLEN)
-PIECE          the masked scores' product with v in two parts        a piece of a wider r, 16-bit inputs
-ACC            adds the float32 sum of the pieces before this one    a piece of r after the first
-               to each output tile
-TMA            reads b, c, v through tensor descriptors              :func:`reads_by_descriptor` (not VARLEN,
-                                                                     not a reversed problem)
-CUT            zeroes c and v past a segment's end inside a chunk    TMA, and a segment (or the sequence) whose
-                                                                     length is no multiple of CHUNK_ROWS_MAX
-PDL            float16's redo is a programmatic dependent launch     a checked float16 walk on compute
-                                                                     capability 9 or more
-REDO           float16's second launch: walks again, scaled, the     :func:`redo_args` (the checked walk's
-               programs whose state copy failed its check            second launch only)
-=============  ====================================================  =============================================
+===============  ====================================================  =============================================
+mode             what it does                                          set from (allowed with)
+===============  ====================================================  =============================================
+HAS_DECAY        decays by γ (λ = log2 γ per head); off: γ = 1          a γ given
+HAS_INITIAL      reads a start state (else zero)                       an initial state given (varlen: the pool);
+                                                                       always for segments from the workspace
+STORE_STATE      writes the final state (the last segment's            a state asked for; never for segments from
+                 programs; varlen: each sequence's row or slot)        the workspace (the state pass wrote it)
+DOT_PRECISION    the products' input precision ("ieee" or "tf32")      float32: the caller's; 16-bit: "tf32"
+SEGMENTED        one program per segment of SEG rows, its start        launch_chunk_walk with a workspace
+                 state from the workspace (entry i_s·SUB)              (block_based, sequence parallelism)
+PREFIX           each segment's program sums its start state from      the plan's ``prefix`` (SEGMENTED, SUB = 1)
+                 the segments' local states (no scan launch)
+VARLEN           a packed batch: rows from cu_seqlens, one program     launch_varlen_walk (not with SEGMENTED,
+                 per sequence, its state row its own or its slot       PREFIX, TWO_PART, TMA, CUT)
+SLOTS            varlen state rows are pool slots (negative: none),    slot ids given (VARLEN only)
+                 start state where has_initial_state says so
+RP               r rounded up to a power of two ≥ 16: NK = RP / BK     r (NK ≤ 4: r ≤ WALK_MAX_R)
+                 register tiles of the state
+TWO_PART         bfloat16: the state operand and the decayed v in      the problem's ``two_part`` (the backward's
+                 two bfloat16 parts, hi + lo                           bfloat16 calls; not VARLEN)
+PIECE            the masked scores' product with v in two parts        a piece of a wider r, 16-bit inputs
+ACC              adds the float32 sum of the pieces before this one    a piece of r after the first
+                 to each output tile
+TMA              reads b, c, v through tensor descriptors              :func:`reads_by_descriptor` (not VARLEN,
+                                                                       not a reversed problem)
+CUT              zeroes c and v past a segment's end inside a chunk    TMA, and a segment (or the sequence) whose
+                                                                       length is no multiple of CHUNK_ROWS_MAX
+PER_TOKEN_DECAY  decays by the per-token a (``a_ptr``): each           a log_decay given (γ is then absent); not a
+                 chunk's mask, row and key decays from the             reversed problem (the backward reverses the
+                 cumulative sum of a within it (_token_decays);        decays on copies).  Allowed with every other
+                 PREFIX: the segments' decays (``sum_ptr``)            mode: none is switched off for it
+PDL              float16's redo is a programmatic dependent launch     a checked float16 walk on compute
+                                                                       capability 9 or more
+REDO             float16's second launch: walks again, scaled, the     :func:`redo_args` (the checked walk's
+                 programs whose state copy failed its check            second launch only)
+===============  ====================================================  =============================================
 
 Derived in the kernel from these and the dtypes: ``NK``; ``MODE`` of :func:`_walk_chunks` (0: the state
 operand rounded as it is, bfloat16 and float32; 1: float16 checked, RP ≥ CHECKED_MIN_R; 2: float16 scaled,
@@ -123,12 +136,16 @@ from ..autotune.families import current_family, is_interpreting
 from . import walk_space as spaces
 from ..autotune.sizing import cdiv
 from .pieces import in_r_pieces
+from .segments import segment_sums, token_decay_args
 from .abi import (FP16_MAX, FP16_MIN_NORMAL, any_nonfinite, batch_head, causal_decay, decay, float16_tile_scale,
                   head_log2_gamma, head_ptr, head_ptrs, load_tile, low_part, mma, nonfinite, pow2_at_least_16,
                   problem_args, reversed_rows, round_to, store_tile, strides, two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
-       "TWO_PART", "PIECE", "ACC", "TMA", "CUT"]
+       "TWO_PART", "PIECE", "ACC", "TMA", "CUT", "PER_TOKEN_DECAY"]
+
+LOG2E = tl.constexpr(1.4426950408889634)
+"""log2 e: a natural-log decay a becomes the base-2 exponent a · log2 e."""
 
 
 @triton.jit
@@ -343,15 +360,18 @@ def _state_nonfinite(s0, s1, s2, s3, NK: tl.constexpr):
 
 
 @triton.jit
-def _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start, HAS_DECAY: tl.constexpr,
-                HAS_INITIAL: tl.constexpr, PREFIX: tl.constexpr, NK: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start, HAS_DECAY: tl.constexpr,
+                HAS_INITIAL: tl.constexpr, PREFIX: tl.constexpr, PER_TOKEN_DECAY: tl.constexpr, NK: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr):
     """The state before the walk's first row, as the r tiles s0..s3 of Sᵀ (those past NK unused).
 
     SEGMENTED: the segments' start states are in the workspace (the launcher sets HAS_INITIAL for them), NW
     entries per batch·head, one per SEG / SUB rows (the state pass cut each segment into SUB pieces), segment
     i_s's at entry i_s·SUB (``p_s``); PREFIX (SUB = 1): their local states are (``p_ws``), and the start state
     is γ^(i_s·SEG) S₀ + Σ_{j < i_s} γ^((i_s−1−j)·SEG) S_loc[j], summed here; otherwise the initial state at
-    ``p_s``, or zero.
+    ``p_s``, or zero.  With ``PER_TOKEN_DECAY`` the PREFIX sum is Horner's, S ← exp(A_j) S + S_loc[j] for
+    j < i_s, A_j the sum of a over segment j (``p_sum``, in log2 units, written by the state pass): each factor
+    the decay of one segment, never of a difference of long prefix sums.
     """
     s0 = _start_state(p_s, stride_sk, stride_sd, o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
     s1 = s0
@@ -362,7 +382,17 @@ def _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, 
     if NK >= 4:
         s2 = _start_state(p_s, stride_sk, stride_sd, 2 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
         s3 = _start_state(p_s, stride_sk, stride_sd, 3 * BK + o_k, o_v, R, d_start, HAS_INITIAL, BK, BV)
-    if PREFIX:
+    if PREFIX and PER_TOKEN_DECAY:
+        for j in range(0, i_s):
+            g_j = tl.exp2(tl.load(p_sum + j))  # exp(A_j): A_j ≤ 0 (NaN where a decay was > 0 or NaN)
+            s0 = s0 * g_j + _start_state(p_ws, D, 1, o_k, o_v, R, D, True, BK, BV)
+            if NK >= 2:
+                s1 = s1 * g_j + _start_state(p_ws, D, 1, BK + o_k, o_v, R, D, True, BK, BV)
+            if NK >= 4:
+                s2 = s2 * g_j + _start_state(p_ws, D, 1, 2 * BK + o_k, o_v, R, D, True, BK, BV)
+                s3 = s3 * g_j + _start_state(p_ws, D, 1, 3 * BK + o_k, o_v, R, D, True, BK, BV)
+            p_ws += R * D
+    if PREFIX and not PER_TOKEN_DECAY:
         g_s = decay(lam, i_s.to(tl.int64) * SEG, HAS_DECAY)
         s0 = s0 * g_s
         if NK >= 2:
@@ -383,11 +413,42 @@ def _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, 
 
 
 @triton.jit
-def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
-                 stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an,
-                 stride_ad, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, TWO_PART: tl.constexpr,
-                 PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, NK: tl.constexpr,
-                 MODE: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _load_decays(p_ld, stride_ldn, o_t, rows):
+    """The [BT] per-token decays a of a chunk (``p_ld`` at its first row) as float32, a = 0 from row ``rows`` on
+    (none present where ``rows`` ≤ 0: nothing is read)."""
+    return tl.load(p_ld + o_t * stride_ldn, mask=o_t < rows, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _token_decays(a, o_t, BT: tl.constexpr):
+    """A chunk's decays from its per-token decays ``a`` (:func:`_load_decays`, a = 0 past the end): with
+    G_i = (a_0 + … + a_i) · log2 e, the cumulative sum within the chunk (float32, relative to its start),
+
+        m_intra_t[j, i] = exp2(G_i − G_j) for i ≥ j, else 0     (M transposed, as the walk's scores are)
+        row_decay[i]    = exp2(G_i)                             (the state before the chunk, seen by row i)
+        key_decay[j]    = exp2(G_last − G_j)                    (key j at the chunk's end)
+        g_chunk         = exp2(G_last)                          (the state across the chunk)
+
+    Every exponent is a sum of decays, ≤ 0 (a difference that rounding leaves above zero is taken as zero,
+    and a masked one is −inf: a factor of exactly 0, never a positive exponent); a > 0 or NaN is NaN, so
+    every factor from its row on is NaN and the rows before it keep theirs (docs/design.md §1.6).  O(BT)
+    work and one [BT, BT] exp2 per chunk."""
+    g = tl.cumsum(tl.where(a <= 0.0, a * LOG2E, float("nan")), axis=0)  # [BT]
+    g_last = tl.sum(tl.where(o_t == BT - 1, g, 0.0), axis=0)  # G at the chunk's last row (a = 0 past the end)
+    diff = g[None, :] - g[:, None]  # [j, i]: G_i − G_j
+    m_intra_t = tl.exp2(tl.where(o_t[None, :] >= o_t[:, None], tl.where(diff > 0.0, 0.0, diff), float("-inf")))
+    tail = g_last - g
+    key_decay = tl.exp2(tl.where(tail > 0.0, 0.0, tail))
+    return m_intra_t, tl.exp2(g), key_decay, tl.exp2(g_last)
+
+
+@triton.jit
+def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t,
+                 o_k, o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
+                 stride_an, stride_ad, stride_ldn, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 TWO_PART: tl.constexpr, PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
+                 PER_TOKEN_DECAY: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Walk rows t_start … t_end − 1 from the state tiles s0..s3, writing their outputs; returns the state
     after them and whether float16's check failed (``bad``, a scalar; always 0 unless MODE is 1).
 
@@ -400,10 +461,18 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
     is, each row's copy checked (:func:`_float16_row_check`); 2, float16 scaled: each row of the operand
     scaled by its power of two (:func:`_pow2_scales`), undone on the product's rows.  The pointers are at
     the walk's first row (descriptors: row t_start of the head).
+
+    ``PER_TOKEN_DECAY``: the decays are each chunk's own, from its per-token decays (``p_ld``, the row stride
+    ``stride_ldn``; :func:`_token_decays`), in place of γ's, which depend on local positions only.
     """
-    # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
-    m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
-    row_decay = decay(lam, o_t + 1, HAS_DECAY)
+    if not PER_TOKEN_DECAY:
+        # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
+        m_intra_t = tl.trans(causal_decay(lam, o_t, o_t, HAS_DECAY))
+        row_decay = decay(lam, o_t + 1, HAS_DECAY)
+    else:
+        # each chunk's decays come in one chunk ahead, as the pipelined tiles of b, c and v do (a [BT] load is
+        # not one Triton's pipeliner takes): their latency hides behind the chunk before
+        a_next = _load_decays(p_ld, stride_ldn, o_t, t_end - t_start)
     # the check's maxima from the 16-bit copy where one tile holds all of r (r = 256 at 8 warps: the cheaper
     # reduction), else from the float32 tiles, which cost less to reduce than two copies (docs/design.md §2.3)
     FROM_COPY: tl.constexpr = NK == 1
@@ -416,6 +485,11 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
     key_low = tl.zeros([BT], dtype=tl.int32)
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
+        if PER_TOKEN_DECAY:
+            a_chunk = a_next
+            p_ld += BT * stride_ldn
+            a_next = _load_decays(p_ld, stride_ldn, o_t, rows - BT)  # the next chunk's
+            m_intra_t, row_decay, key_decay, g_chunk = _token_decays(a_chunk, o_t, BT)
         if MODE == 2:
             # one power-of-two scale per state row (value column), from its largest entry
             m = _row_absmax(s0)
@@ -494,10 +568,14 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
         store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)
 
         # Sᵀ ← γ^T Sᵀ + Σ_j γ^(T−1−j) v_jᵀ c_j over the T present rows
-        n_rows = tl.minimum(rows, BT)
-        b_vd = b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]
-        b_vdt = round_to(b_vd, b_vt.dtype)
-        g_chunk = decay(lam, n_rows, HAS_DECAY)
+        if PER_TOKEN_DECAY:  # Sᵀ ← exp(G_last) Sᵀ + Σ_j exp(G_last − G_j) v_jᵀ c_j
+            b_vd = b_vt * key_decay[None, :]
+            b_vdt = round_to(b_vd, b_vt.dtype)
+        else:
+            n_rows = tl.minimum(rows, BT)
+            b_vd = b_vt * decay(lam, tl.maximum(n_rows - 1 - o_t, 0), HAS_DECAY)[None, :]
+            b_vdt = round_to(b_vd, b_vt.dtype)
+            g_chunk = decay(lam, n_rows, HAS_DECAY)
         s0 = _add_update(s0, g_chunk, b_vd, b_vdt, c0, DOT_PRECISION, TWO_PART)
         if NK >= 2:
             s1 = _add_update(s1, g_chunk, b_vd, b_vdt, c1, DOT_PRECISION, TWO_PART)
@@ -525,10 +603,11 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start
 def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides, flag_ptr,
+    ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides, flag_ptr, a_ptr, a_strides,
+    sum_ptr,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
     TWO_PART: tl.constexpr, PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
-    REDO: tl.constexpr,
+    PER_TOKEN_DECAY: tl.constexpr, REDO: tl.constexpr,
     PDL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
@@ -606,26 +685,34 @@ def _chunk_walk_fwd_kernel(
     # ACC (a piece of r after the first, kernels/pieces.py): the float32 sum of the pieces before this one,
     # addressed as the output is, is added to each output tile before it is stored
     p_a = head_ptr(acc_ptr, acc_strides, i_b, i_h) + t_start64 * acc_strides[2]
+    # PER_TOKEN_DECAY: this head's per-token decays a (a (B, H, N) view: the walk's rows, as b's), and with PREFIX
+    # the segments' summed decays (NW per batch·head, from the state pass)
+    if PER_TOKEN_DECAY:
+        p_ld = head_ptr(a_ptr, a_strides, i_b, i_h) + t_start64 * a_strides[2]
+        p_sum = sum_ptr + (i_bh * NW).to(tl.int64)
+    else:
+        p_ld = a_ptr  # unread
+        p_sum = sum_ptr
 
-    s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
-                                 HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
+    s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
+                                 HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)
     s0, s1, s2, s3, bad, out_of_range = _walk_chunks(
-        s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
+        s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
         stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-        acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, False,
-        BT, BK, BV)
+        acc_strides[2], acc_strides[3], a_strides[2], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT,
+        PER_TOKEN_DECAY, NK, MODE, False, BT, BK, BV)
     # a non-finite c or v in the walked rows made the state non-finite, and may have reached earlier rows of
     # its chunk through a zero score (0 · inf): the program walks its rows again in the causal form, its
     # outputs written over (docs/nonfinite.md); so does one whose float16 scores left float16's range.  Other
     # inputs pay this one check of the final state (and float16's of its score range)
     if _state_nonfinite(s0, s1, s2, s3, NK) | out_of_range:
-        s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, i_s, lam, SEG, o_k, o_v, R, D, d_start,
-                                     HAS_DECAY, HAS_INITIAL, PREFIX, NK, BK, BV)
+        s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
+                                     HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)
         s0, s1, s2, s3, bad, _ = _walk_chunks(
-            s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
-            stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-            acc_strides[2], acc_strides[3], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, NK, MODE, True,
-            BT, BK, BV)
+            s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k,
+            o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
+            acc_strides[2], acc_strides[3], a_strides[2], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT,
+            PER_TOKEN_DECAY, NK, MODE, True, BT, BK, BV)
     if MODE == 1:
         tl.store(flag_ptr + pid, bad)
         if bad != 0:
@@ -668,7 +755,7 @@ def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_opti
 
 
 WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr", "cu_ptr", "slot_ptr",
-                 "init_ptr", "acc_ptr", "flag_ptr")
+                 "init_ptr", "acc_ptr", "flag_ptr", "a_ptr", "sum_ptr")
 """The chunk walk's tensor arguments.  Each walk kernel launches through its ``launches``
 (:class:`~leettriton.autotune.configs.CompiledLaunches`): a shape, strides, dtypes, flags and config
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
@@ -757,6 +844,7 @@ class WalkSpec:
     TMA: bool
     CUT: bool
     PDL: bool
+    PER_TOKEN_DECAY: bool = False
     REDO: bool = False
 
     def constexprs(self) -> dict:
@@ -773,6 +861,9 @@ def walk_spec(p: Problem, flags: Optional[torch.Tensor], *, seg_len: Optional[in
     walk); ``partial``: the sum of the pieces of r before this one (None: none)."""
     shared = problem_args(p)  # the flags every kernel takes: decay, initial and final state, precision
     n, r = p.shape[2], p.shape[3]
+    if p.log_decay is not None and p.reverse:
+        raise ValueError("the chunk walk takes no reversed problem with a per-token decay (the backward reverses "
+                         "the decays itself, on reversed copies: docs/design.md §10.6)")
     varlen = isinstance(p, VarlenProblem)
     segmented = seg_len is not None
     # segments that start from their states in the workspace: the segment-state kernels folded the initial
@@ -795,6 +886,7 @@ def walk_spec(p: Problem, flags: Optional[torch.Tensor], *, seg_len: Optional[in
         TMA=tma,
         CUT=tma and (seg_len if segmented else n) % CHUNK_ROWS_MAX != 0,
         PDL=redo_by_pdl(p, flags),
+        PER_TOKEN_DECAY=p.log_decay is not None,
     )
 
 
@@ -821,8 +913,10 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         _scratch_allocator()  # before any launch: a repeat of a launch with tensor descriptors needs one too
     out = p.out
     stand_in = out if ws is None else ws
+    decays = token_decay_args(p)
+    sums = segment_sums(ws) if prefix and p.log_decay is not None else out  # (else an unread stand-in)
     if p.repeat_launch(mark, (stand_in, stand_in, stand_in, stand_in, out if partial is None else partial,
-                              out if flags is None else flags)):
+                              out if flags is None else flags, decays["a_ptr"], sums)):
         return
     B, H, n, r, d = p.shape
     args = problem_args(p)
@@ -834,8 +928,8 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         ns = cdiv(n, seg_len)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if spec.SEGMENTED else 1, SUB=sub, cu_ptr=ws,
-                slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=p.out if flags is None else flags,
-                **partial_args(p, args, partial), **spec.constexprs())
+                slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=p.out if flags is None else flags, sum_ptr=sums,
+                **decays, **partial_args(p, args, partial), **spec.constexprs())
     p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None))
 
 
@@ -938,8 +1032,8 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
     args.update(ws_ptr=p.out, SEG=n, NS=seqs, NW=1, SUB=1, cu_ptr=p.cu_seqlens,
                 slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
-                flag_ptr=p.out if flags is None else flags, **partial_args(p, args, partial),
-                **walk_spec(p, flags, partial=partial).constexprs())
+                flag_ptr=p.out if flags is None else flags, sum_ptr=p.out, **token_decay_args(p),
+                **partial_args(p, args, partial), **walk_spec(p, flags, partial=partial).constexprs())
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call.  float16: the redo with the config the checked walk ran
     config = (config or {}).get(spaces.VARLEN.name)

@@ -18,4 +18,5 @@ METHOD = Method(
     alternatives=space.alternatives,
     whole_call=(SEGMENTS.STATE,),
     runs_reversed=True,
+    per_token_decay=True,
 )

@@ -14,4 +14,5 @@ METHOD = Method(
     spaces=(space.FWD,),
     torch_twin=lightning_attention_torch,
     runs_reversed=True,
+    per_token_decay=True,
 )

@@ -21,7 +21,7 @@ from .kernels.walk import launch_varlen_walk
 from .plan import known_call, remember_call, resolve, run_problem
 from .problem import (Problem, byte_extent, check_autograd, check_bool, check_constant_gamma, check_dims,
                       check_gamma_values, check_index, check_own_memory, check_pool, check_slot_values, check_state,
-                      check_tensor, check_token_triple, check_unshared, index_as_read, make_problem,
+                      check_heads, check_tensor, check_token_triple, check_unshared, index_as_read, make_problem,
                       make_varlen_problem, requires_grad, resolve_gamma)
 
 __all__ = ["linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
@@ -298,7 +298,8 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
             return out, state
     if step is None:
         _check_decode_step(b_t, c_t, v_t, state)
-    B, H, r = b_t.shape
+    B, r = b_t.shape[0], b_t.shape[-1]
+    H = state.shape[1]   # the output's heads: b_t, c_t, v_t may be grouped (docs/design.md §1.7)
     d = v_t.shape[-1]
     check_constant_gamma(gamma)
     check_autograd("decode_step", b_t, c_t, v_t, state)
@@ -449,7 +450,7 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
                 return out, kept
     if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
-    B, H, r = b.shape[0], b.shape[1], b.shape[-1]
+    B, H, r = b.shape[0], state.shape[1], b.shape[-1]   # H: the output's (grouped heads, docs/design.md §1.7)
     K = 1 if one_token else b.shape[2]
     d = v.shape[-1]
     if slot_ids is not None:
@@ -491,7 +492,8 @@ def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: b
     check_autograd(where, b, c, v, state, log_decay)
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
-    B, H, K, r = b.shape
+    B, _, K, r = b.shape
+    H = state.shape[1]   # the output's heads: b, c, v may be grouped (docs/design.md §1.7)
     d = v.shape[-1]
     shape, axes = ((B, H), "(batch, heads)") if one_token else ((B, H, K), "(batch, heads, k)")
     ld = problem.resolve_log_decay(log_decay, gamma, shape, v.dtype, v.device, where=where, axes=axes)
@@ -640,7 +642,7 @@ def _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, one_token
     else:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
     check_constant_gamma(gamma)
-    ops.split_gamma(gamma, b.shape[1], v.device)
+    ops.split_gamma(gamma, max(b.shape[1], c.shape[1], v.shape[1]), v.device)
     check_autograd("decode_step" if one_token else "decode_tokens", b, c, v, state)
 
 
@@ -662,12 +664,16 @@ def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token:
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
     B, H, K, r = b.shape
-    if tuple(c.shape) != (B, H, K, r):
-        raise ValueError(f"{names[1]} must have the shape of {names[0]} {tuple(b.shape)}, got {tuple(c.shape)}")
-    if tuple(v.shape[:3]) != (B, H, K):
-        lead = "batch and heads" if one_token else "batch, heads and k"
-        raise ValueError(f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape "
-                         f"{tuple(b.shape)}, {names[2]} has shape {tuple(v.shape)}")
+    lead = "batch and heads" if one_token else "batch, heads and k"
+    shapes = tuple(x.squeeze(2).shape if one_token else x.shape for x in (b, c, v))
+    c_wrong = f"{names[1]} must have the shape of {names[0]} {shapes[0]}, got {shapes[1]}"
+    v_wrong = f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape {shapes[0]}, {names[2]} has shape {shapes[2]}"
+    if (c.shape[0], c.shape[2], c.shape[3]) != (B, K, r):
+        raise ValueError(c_wrong)
+    if (v.shape[0], v.shape[2]) != (B, K):
+        raise ValueError(v_wrong)
+    # grouped heads (docs/design.md §1.7): the output's heads are the most of the three, each dividing it
+    H = check_heads(names, (H, c.shape[1], v.shape[1]), c_wrong, v_wrong)
     if K < 1:
         raise ValueError(f"decode_tokens needs k ≥ 1 new tokens per sequence, got k = {K}")
     d = v.shape[-1]

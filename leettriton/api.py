@@ -37,9 +37,14 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     S_{−1} = ``initial_state`` (or 0).  No softmax, no 1/√d scale, no normaliser.
 
     Args:
-        b, c: ``(batch, heads, n, r)`` (layout ``"bhnd"``) or ``(batch, n, heads, r)``
+        b, c: ``(batch, heads_k, n, r)`` (layout ``"bhnd"``) or ``(batch, n, heads_k, r)``
             (layout ``"bnhd"``); float16, bfloat16 or float32; any strides.
-        v: ``(batch, heads, n, d)`` or ``(batch, n, heads, d)``, same dtype and device.
+        v: ``(batch, heads_v, n, d)`` or ``(batch, n, heads_v, d)``, same dtype and device.
+            Grouped heads (docs/design.md §1.7): heads_k and heads_v may differ when one divides the other;
+            the output has heads = max(heads_k, heads_v), and output head h reads b, c at head
+            h // (heads / heads_k) and v at head h // (heads / heads_v), without copies (Mamba-2's shared B
+            and C, GQA; shared values, GVA).  Counts that do not divide: a ``ValueError`` naming them.
+            Everything below that has a heads axis (gamma, log_decay, the states) is per output head.
         gamma: decay per head: ``None`` (γ = 1, plain causal linear attention), a
             float in (0, 1], or a tensor of shape ``(heads,)`` or ``(heads, 1)``.
         method: ``"auto"`` (default: the fastest method for this shape on this GPU,
@@ -67,7 +72,8 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     (``auto`` chooses again for each), and only the inputs are kept for it; the ``_torch`` methods
     are differentiated by PyTorch's autograd itself (docs/design.md §10).  ``log_decay`` and a gamma
     tensor that requires grad (a learnable decay) get their gradients from the same three calls
-    (docs/design.md §10.6).
+    (docs/design.md §10.6).  With grouped heads the gradient of a shared b, c or v is the sum over the output
+    heads that read it (docs/design.md §1.7).
 
     Non-finite inputs: row t depends on rows ≤ t only, for any values.  A ±inf or NaN at row k of b, c or
     v may make rows ≥ k non-finite and leaves rows < k as they would be without it (docs/nonfinite.md,
@@ -229,8 +235,10 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     """One generated token: S ← γ S + c_tᵀ v_t, o_t = b_t S.  The state is updated **in place**.
 
     Args:
-        b_t, c_t: ``(batch, heads, r)``; v_t: ``(batch, heads, d)``; one dtype
-            (float16, bfloat16 or float32), one device.
+        b_t, c_t: ``(batch, heads_k, r)``; v_t: ``(batch, heads_v, d)``; one dtype
+            (float16, bfloat16 or float32), one device.  heads_k and heads_v may differ when one divides
+            the other (grouped heads, docs/design.md §1.7): the step has heads = max(heads_k, heads_v), as
+            its state, γ, the decay and o_t; b_t, c_t, v_t are read without copies.
         state: float32 ``(batch, heads, r, d)``, e.g. from
             ``linear_attention(..., return_state=True)``; overwritten with the new state.
             With ``slot_ids``: a pool ``(slots, heads, r, d)`` of states (docs/design.md §13.1).
@@ -375,7 +383,8 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
     in order, in place on the state (docs/design.md §13.1).
 
     Args:
-        b, c: ``(batch, heads, k, r)``; v: ``(batch, heads, k, d)``; k ≥ 1; one dtype and device.
+        b, c: ``(batch, heads_k, k, r)``; v: ``(batch, heads_v, k, d)``; k ≥ 1; one dtype and device.
+            Grouped heads as in :func:`decode_step`: the state, γ, the decay and o have the most of the two.
         state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``; written
             in place, so refused as in :func:`decode_step` when its elements overlap or it shares memory
             with what the call reads.
@@ -530,8 +539,10 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
     :func:`linear_attention` run on it alone, from its initial state.
 
     Args:
-        b, c: ``(T, heads, r)``; v: ``(T, heads, d)``: the tokens of every sequence, one after the other
-            (float16, bfloat16 or float32; any strides: no copy is made).
+        b, c: ``(T, heads_k, r)``; v: ``(T, heads_v, d)``: the tokens of every sequence, one after the other
+            (float16, bfloat16 or float32; any strides: no copy is made).  Grouped heads as in
+            :func:`linear_attention` (docs/design.md §1.7): gamma, the pool, the states and the output have
+            heads = max(heads_k, heads_v).
         cu_seqlens: int32/int64 ``(N + 1,)`` on the inputs' device: 0, then non-decreasing, ending at T.
             Zero-length sequences are allowed.
         gamma: as in :func:`linear_attention` (per head, shared by the sequences).

@@ -416,9 +416,11 @@ def add_state_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tens
     """
     acc = torch.promote_types(ds.dtype, torch.float32)
     xb = to_bhnd(x, layout).to(acc)
-    n = xb.shape[2]
+    n, h = xb.shape[2], xb.shape[1]
     w = _decay(lam, torch.arange(n - 1, -1, -1, device=x.device), acc)        # γ^(n−1−j)
-    term = (xb if w is None else xb * w) @ ds.to(acc)                           # [B, H, n, ·] @ [B, H, ·, ·]
+    # per output head, ds's: a grouped x meets each of its group's heads by broadcasting (docs/design.md §1.7)
+    xg = _by_group(xb) if w is None else _by_group(xb) * _split(w, h)
+    term = (xg @ _split(ds.to(acc), h)).flatten(1, 2)                          # [B, H, n, ·] @ [B, H, ·, ·]
     term = to_bhnd(term, layout)                                                # the caller's layout
     if grad is not None:
         term = term + grad.to(acc)

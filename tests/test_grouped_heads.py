@@ -342,3 +342,49 @@ def test_ungrouped_group_is_a_constant():
     assert kinds[-1] == "constexpr" and kinds[0] == "i32"
     kinds = mangle_type(abi.group_strides(x[:, :1], 4), True)
     assert kinds[-1] == "i32"
+
+
+def test_serving_adapter_grouped():
+    """An engine adapter (vLLM's mixed batch: decodes first, then a prefill) over grouped heads: the output and
+    pool of the expanded call."""
+    from dataclasses import dataclass
+
+    import leettriton.serving as serving
+
+    @dataclass
+    class Meta:   # vllm/v1/attention/backends/linear_attn.py LinearAttentionMetadata
+        num_prefills: int
+        num_prefill_tokens: int
+        num_decodes: int
+        num_decode_tokens: int
+        query_start_loc: torch.Tensor
+        seq_lens: torch.Tensor
+        state_indices_tensor: torch.Tensor
+
+    ids = lambda values: torch.tensor(values, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    meta = Meta(1, 5, 1, 1, ids([0, 1, 6]), ids([4, 5]), ids([3, 1]))
+    b, c, v = _rand(6, 2, R, seed=1), _rand(6, 2, R, seed=2), _rand(6, 1, D, seed=3)   # shared values
+    pool = _rand(4, 2, R, D, seed=4)
+    grouped_pool, expanded_pool = pool.clone(), pool.clone()
+    o = serving.vllm_forward(b, c, v, grouped_pool, meta, 0.9)
+    ref = serving.vllm_forward(b, c, _expand(v, 2, 1), expanded_pool, meta, 0.9)
+    assert o.shape == (6, 2, D)
+    assert_close(o, ref, TOL, "vllm_forward grouped")
+    assert_close(grouped_pool, expanded_pool, TOL, "vllm_forward grouped pool")
+
+
+def test_repeated_calls_grouped():
+    """A repeated call of one signature (the fast paths that repeat a validated launch, docs/design.md §4.5)
+    keeps reading the groups: each call equal to the expanded oracle on its own values."""
+    for seed in (0, 1):
+        b, c, v = _inputs(1, 2, 1, 24, "bnhd", seed=seed)
+        o = leettriton.linear_attention(b, c, v, 0.9, method="lightning_attention", layout="bnhd")
+        assert_close(o, _oracle(b, c, v, "bnhd", gamma=0.9), TOL, f"repeated linear_attention, call {seed}")
+        bt, ct, vt = _rand(2, 1, 2, R, seed=seed), _rand(2, 1, 2, R, seed=seed + 5), _rand(2, 2, 2, D, seed=seed + 9)
+        pool = _rand(3, 2, R, D, seed=seed)
+        before = pool.clone()
+        o, _ = leettriton.decode_tokens(bt, ct, vt, pool, 0.9, slot_ids=torch.tensor([2, 0], dtype=torch.int32,
+                                                                                      device=DEVICE))
+        ref, s_ref = _oracle(bt, ct, vt, "bhnd", gamma=0.9, initial_state=before[[2, 0]], return_state=True)
+        assert_close(o, ref, TOL, f"repeated decode_tokens, call {seed}")
+        assert_close(pool[[2, 0]], s_ref, TOL, f"repeated decode_tokens pool, call {seed}")

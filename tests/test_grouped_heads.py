@@ -117,8 +117,14 @@ def test_recursion_head_blocks(monkeypatch):
     """recursion's blocks of heads (a tree too large for one block) are whole groups: their b, c, v are
     the groups' heads, and the result is the ungrouped one."""
     from leettriton.methods.recursion import kernels as rk
-    monkeypatch.setattr(rk.spaces, "TREE_BYTES", 2 * 2 * R * D * 4)   # two heads' trees of two leaves per block
-    b, c, v = _inputs(1, 2, 4, 48, "bhnd", seed=4)
+    from leettriton.plan import resolve
+    from leettriton.problem import make_problem
+    # at least two leaves (the plan's leaf length), and a tree of more than two heads' two leaves per block:
+    # blocks of two heads, one group of b and c each
+    leaf = resolve(make_problem(*_inputs(1, 2, 4, 48, "bhnd"), 0.9)[0], "recursion").schedule["leaf"]
+    n = 48 if leaf < 48 else leaf + 16
+    monkeypatch.setattr(rk.spaces, "TREE_BYTES", 2 * 2 * R * D * 4)
+    b, c, v = _inputs(1, 2, 4, n, "bhnd", seed=4)
     blocks = []
     real = rk._block
     monkeypatch.setattr(rk, "_block", lambda p, *a: blocks.append(a) or real(p, *a))

@@ -142,8 +142,9 @@ def _by_group(x: torch.Tensor) -> torch.Tensor:
 
 
 def _split(y: torch.Tensor, h: int) -> torch.Tensor:
-    """``y`` ``(B or 1, H, …)`` viewed as ``(B or 1, h, H / h, …)``: its heads in groups of h (a view)."""
-    return y.unflatten(1, (h, -1))
+    """``y`` ``(B or 1, H, …)`` viewed as ``(B or 1, h, H / h, …)``: its heads in groups of h (a view; groups of
+    one where y has h heads, no heads included)."""
+    return y.unsqueeze(2) if y.shape[1] == h else y.unflatten(1, (h, -1))
 
 
 def _reverse_rows(tensors, layout: str) -> list:

@@ -21,7 +21,8 @@ Grouped heads (docs/design.md §1.7): b, c and v may each have fewer heads than 
 dividing the output's H.  Their stride tuples end in one more entry, the group g = H / (the tensor's heads):
 output head h reads head h // g (:func:`group_ptr`, which :func:`head_ptrs` applies to b, c and v).  An
 ungrouped tensor's g is 1, which Triton specialises as the constant 1, so ``h // g`` folds away and the
-kernel compiles to the code it had without the entry; a grouped call compiles once more, per distinct g.
+kernel compiles to the code it had without the entry; a grouped tensor's g is an integer argument (a variant
+of its own).
 No tensor is expanded or copied: each program reads its group's head where it lies.
 
 A reversed problem (``Problem.reverse``: the backward's calls in reversed time,

@@ -21,7 +21,7 @@ from .kernels.walk import launch_varlen_walk
 from .plan import known_call, remember_call, resolve, run_problem
 from .problem import (Problem, byte_extent, check_autograd, check_bool, check_constant_gamma, check_dims,
                       check_gamma_values, check_index, check_own_memory, check_pool, check_slot_values, check_state,
-                      check_tensor, check_token_triple, check_unshared, index_as_read, make_problem,
+                      check_heads, check_tensor, check_token_triple, check_unshared, index_as_read, make_problem,
                       make_varlen_problem, requires_grad, resolve_gamma)
 
 __all__ = ["linear_attention", "linear_attention_varlen", "decode_step", "decode_tokens", "method_function", "causal_linear_decoder"]
@@ -37,9 +37,14 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     S_{−1} = ``initial_state`` (or 0).  No softmax, no 1/√d scale, no normaliser.
 
     Args:
-        b, c: ``(batch, heads, n, r)`` (layout ``"bhnd"``) or ``(batch, n, heads, r)``
+        b, c: ``(batch, heads_k, n, r)`` (layout ``"bhnd"``) or ``(batch, n, heads_k, r)``
             (layout ``"bnhd"``); float16, bfloat16 or float32; any strides.
-        v: ``(batch, heads, n, d)`` or ``(batch, n, heads, d)``, same dtype and device.
+        v: ``(batch, heads_v, n, d)`` or ``(batch, n, heads_v, d)``, same dtype and device.
+            Grouped heads (docs/design.md §1.7): heads_k and heads_v may differ when one divides the other;
+            the output has heads = max(heads_k, heads_v), and output head h reads b, c at head
+            h // (heads / heads_k) and v at head h // (heads / heads_v), without copies (Mamba-2's shared B
+            and C, GQA; shared values, GVA).  Counts that do not divide: a ``ValueError`` naming them.
+            Everything below that has a heads axis (gamma, log_decay, the states) is per output head.
         gamma: decay per head: ``None`` (γ = 1, plain causal linear attention), a
             float in (0, 1], or a tensor of shape ``(heads,)`` or ``(heads, 1)``.
         method: ``"auto"`` (default: the fastest method for this shape on this GPU,
@@ -67,7 +72,8 @@ def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str =
     (``auto`` chooses again for each), and only the inputs are kept for it; the ``_torch`` methods
     are differentiated by PyTorch's autograd itself (docs/design.md §10).  ``log_decay`` and a gamma
     tensor that requires grad (a learnable decay) get their gradients from the same three calls
-    (docs/design.md §10.6).
+    (docs/design.md §10.6).  With grouped heads the gradient of a shared b, c or v is the sum over the output
+    heads that read it (docs/design.md §1.7).
 
     Non-finite inputs: row t depends on rows ≤ t only, for any values.  A ±inf or NaN at row k of b, c or
     v may make rows ≥ k non-finite and leaves rows < k as they would be without it (docs/nonfinite.md,
@@ -229,8 +235,10 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
     """One generated token: S ← γ S + c_tᵀ v_t, o_t = b_t S.  The state is updated **in place**.
 
     Args:
-        b_t, c_t: ``(batch, heads, r)``; v_t: ``(batch, heads, d)``; one dtype
-            (float16, bfloat16 or float32), one device.
+        b_t, c_t: ``(batch, heads_k, r)``; v_t: ``(batch, heads_v, d)``; one dtype
+            (float16, bfloat16 or float32), one device.  heads_k and heads_v may differ when one divides
+            the other (grouped heads, docs/design.md §1.7): the step has heads = max(heads_k, heads_v), as
+            its state, γ, the decay and o_t; b_t, c_t, v_t are read without copies.
         state: float32 ``(batch, heads, r, d)``, e.g. from
             ``linear_attention(..., return_state=True)``; overwritten with the new state.
             With ``slot_ids``: a pool ``(slots, heads, r, d)`` of states (docs/design.md §13.1).
@@ -298,7 +306,8 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, check_slots:
             return out, state
     if step is None:
         _check_decode_step(b_t, c_t, v_t, state)
-    B, H, r = b_t.shape
+    B, r = b_t.shape[0], b_t.shape[-1]
+    H = state.shape[1]   # the output's heads: b_t, c_t, v_t may be grouped (docs/design.md §1.7)
     d = v_t.shape[-1]
     check_constant_gamma(gamma)
     check_autograd("decode_step", b_t, c_t, v_t, state)
@@ -374,7 +383,8 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
     in order, in place on the state (docs/design.md §13.1).
 
     Args:
-        b, c: ``(batch, heads, k, r)``; v: ``(batch, heads, k, d)``; k ≥ 1; one dtype and device.
+        b, c: ``(batch, heads_k, k, r)``; v: ``(batch, heads_v, k, d)``; k ≥ 1; one dtype and device.
+            Grouped heads as in :func:`decode_step`: the state, γ, the decay and o have the most of the two.
         state: float32 ``(batch, heads, r, d)``, or with ``slot_ids`` a pool ``(slots, heads, r, d)``; written
             in place, so refused as in :func:`decode_step` when its elements overlap or it shares memory
             with what the call reads.
@@ -449,7 +459,7 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
                 return out, kept
     if step is None:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
-    B, H, r = b.shape[0], b.shape[1], b.shape[-1]
+    B, H, r = b.shape[0], state.shape[1], b.shape[-1]   # H: the output's (grouped heads, docs/design.md §1.7)
     K = 1 if one_token else b.shape[2]
     d = v.shape[-1]
     if slot_ids is not None:
@@ -491,7 +501,8 @@ def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: b
     check_autograd(where, b, c, v, state, log_decay)
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
-    B, H, K, r = b.shape
+    B, _, K, r = b.shape
+    H = state.shape[1]   # the output's heads: b, c, v may be grouped (docs/design.md §1.7)
     d = v.shape[-1]
     shape, axes = ((B, H), "(batch, heads)") if one_token else ((B, H, K), "(batch, heads, k)")
     ld = problem.resolve_log_decay(log_decay, gamma, shape, v.dtype, v.device, where=where, axes=axes)
@@ -528,8 +539,10 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
     :func:`linear_attention` run on it alone, from its initial state.
 
     Args:
-        b, c: ``(T, heads, r)``; v: ``(T, heads, d)``: the tokens of every sequence, one after the other
-            (float16, bfloat16 or float32; any strides: no copy is made).
+        b, c: ``(T, heads_k, r)``; v: ``(T, heads_v, d)``: the tokens of every sequence, one after the other
+            (float16, bfloat16 or float32; any strides: no copy is made).  Grouped heads as in
+            :func:`linear_attention` (docs/design.md §1.7): gamma, the pool, the states and the output have
+            heads = max(heads_k, heads_v).
         cu_seqlens: int32/int64 ``(N + 1,)`` on the inputs' device: 0, then non-decreasing, ending at T.
             Zero-length sequences are allowed.
         gamma: as in :func:`linear_attention` (per head, shared by the sequences).
@@ -637,7 +650,7 @@ def _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, one_token
     else:
         _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
     check_constant_gamma(gamma)
-    ops.split_gamma(gamma, b.shape[1], v.device)
+    ops.split_gamma(gamma, max(b.shape[1], c.shape[1], v.shape[1]), v.device)
     check_autograd("decode_step" if one_token else "decode_tokens", b, c, v, state)
 
 
@@ -659,12 +672,16 @@ def _check_decode_tokens(b, c, v, state, slot_ids, check_slots: bool, one_token:
     if one_token:
         b, c, v = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2)
     B, H, K, r = b.shape
-    if tuple(c.shape) != (B, H, K, r):
-        raise ValueError(f"{names[1]} must have the shape of {names[0]} {tuple(b.shape)}, got {tuple(c.shape)}")
-    if tuple(v.shape[:3]) != (B, H, K):
-        lead = "batch and heads" if one_token else "batch, heads and k"
-        raise ValueError(f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape "
-                         f"{tuple(b.shape)}, {names[2]} has shape {tuple(v.shape)}")
+    lead = "batch and heads" if one_token else "batch, heads and k"
+    shapes = tuple(x.squeeze(2).shape if one_token else x.shape for x in (b, c, v))
+    c_wrong = f"{names[1]} must have the shape of {names[0]} {shapes[0]}, got {shapes[1]}"
+    v_wrong = f"{names[2]} must match {names[0]} in {lead}: {names[0]} has shape {shapes[0]}, {names[2]} has shape {shapes[2]}"
+    if (c.shape[0], c.shape[2], c.shape[3]) != (B, K, r):
+        raise ValueError(c_wrong)
+    if (v.shape[0], v.shape[2]) != (B, K):
+        raise ValueError(v_wrong)
+    # grouped heads (docs/design.md §1.7): the output's heads are the most of the three, each dividing it
+    H = check_heads(names, (H, c.shape[1], v.shape[1]), c_wrong, v_wrong)
     if K < 1:
         raise ValueError(f"decode_tokens needs k ≥ 1 new tokens per sequence, got k = {K}")
     d = v.shape[-1]

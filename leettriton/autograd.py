@@ -21,6 +21,12 @@ Every decay factor is exp2(λ · distance) with distance ≥ 0: nothing is divid
 
 So every method -- and ``auto``, which chooses again for each of the three calls -- has a backward
 with no kernel of its own, and the only tensors kept from the forward are its inputs.
+
+Grouped heads (docs/design.md §1.7): b, c or v may have fewer heads than the output.  The three calls then
+take them as they are (the kernels read each group's head, no copy) and give each gradient per output head,
+(batch, H, n, ·); the terms of the final state's gradient are formed per output head by broadcasting the
+group; then the gradient of a shared tensor is the sum over its group, one ``sum`` over a view that splits
+the heads into (heads, group) (:func:`group_sum`).  dS₀, dγ and da are per output head, as their tensors.
 """
 from __future__ import annotations
 
@@ -92,7 +98,8 @@ def all_grads(op: Operator, b, c, v, s0, gamma, log_decay, final, grad_out, grad
                                          need_c=need_c or decay_grad, need_v=need_v, need_state=need_s0,
                                          log_decay=log_decay)
     ds0 = None
-    heads, n = to_bhnd(b, layout).shape[1:3]
+    n = to_bhnd(b, layout).shape[2]
+    heads = max(to_bhnd(x, layout).shape[1] for x in (b, c, v))   # the output's (grouped heads: §1.7)
     G = decay_prefix(gamma, log_decay, heads, n, layout, v.device)
     if grad_state is not None or state_rev is not None:
         tail = None if G is None else G[..., -1:] - G                       # a_{j+1} + … + a_{n−1} ≤ 0
@@ -111,7 +118,42 @@ def all_grads(op: Operator, b, c, v, s0, gamma, log_decay, final, grad_out, grad
             dgamma = (da.sum(dim=(0, 2)) / gamma.detach().reshape(heads).double()).reshape(
                 gamma.shape).to(gamma.dtype)
         da = to_bhnd_3(da, layout).to(log_decay.dtype) if need_a else None
-    return db if need_b else None, dc if need_c else None, dv, ds0, dgamma, da
+    # per output head so far: the gradient of a shared (grouped) tensor sums its group
+    db = group_sum(db, b, layout) if need_b else None
+    dc = group_sum(dc, c, layout) if need_c else None
+    dv = group_sum(dv, v, layout)
+    return db, dc, dv, ds0, dgamma, da
+
+
+def group_sum(grad: Optional[torch.Tensor], x: torch.Tensor, layout: str) -> Optional[torch.Tensor]:
+    """``grad`` (per output head, in ``layout``) summed over the group of output heads that read each head of
+    ``x`` (docs/design.md §1.7): ``grad`` itself where ``x`` has a head per output head; else one ``sum`` over
+    the view that splits the head axis into (x's heads, group), in ``grad``'s dtype."""
+    axis = 1 if layout == "bhnd" else 2
+    if grad is None or grad.shape[axis] == x.shape[axis]:
+        return grad
+    return grad.unflatten(axis, (x.shape[axis], -1)).sum(axis + 1)
+
+
+def _by_group(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(B, h, ·, ·)`` (``h`` dividing ``heads``) as ``(B, h, 1, ·, ·)``, to broadcast against a tensor of
+    ``heads`` heads split as ``(B, h, heads / h, ·, ·)`` (:func:`_split`): each head meets its group, no copy."""
+    return x.unsqueeze(2)
+
+
+def _split(y: torch.Tensor, h: int) -> torch.Tensor:
+    """``y`` ``(B or 1, H, …)`` viewed as ``(B or 1, h, H / h, …)``: its heads in groups of h (a view; groups of
+    one where y has h heads, no heads included)."""
+    return y.unsqueeze(2) if y.shape[1] == h else y.unflatten(1, (h, -1))
+
+
+def _reverse_rows(tensors, layout: str) -> list:
+    """:func:`reverse_rows` of the backward's tensors, one launch for those of one head count (grouped heads:
+    b, c, v and the output's gradient may differ in heads, docs/design.md §1.7)."""
+    axis = 1 if layout == "bhnd" else 2
+    if len({x.shape[axis] for x in tensors}) == 1:
+        return reverse_rows(tensors, layout, check=False)
+    return [reverse_rows([x], layout, check=False)[0] for x in tensors]
 
 
 def to_bhnd_3(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -142,14 +184,16 @@ def decay_grad_of(b, c, db, dc, ds, final, layout: str, n: int) -> torch.Tensor:
     Σ dS ⊙ S_{n−1} at i = n − 1 when the state was returned, then da_t = Σ_{i ≥ t} dG_i
     (docs/design.md §10.6).  The products are summed in float32."""
     bb, cc = to_bhnd(b, layout).float(), to_bhnd(c, layout).float()
+    # db, dc per output head; b, c per their own heads (grouped heads: each meets its group, §1.7)
     dG = None
     if db is not None:
-        dG = (bb * to_bhnd(db, layout).float()).sum(-1)
+        dG = (_by_group(bb) * _split(to_bhnd(db, layout).float(), bb.shape[1])).sum(-1).flatten(1, 2)
     if dc is not None:
-        term = (cc * to_bhnd(dc, layout).float()).sum(-1)
+        term = (_by_group(cc) * _split(to_bhnd(dc, layout).float(), cc.shape[1])).sum(-1).flatten(1, 2)
         dG = -term if dG is None else dG - term
     if dG is None:
-        dG = torch.zeros(bb.shape[:3], dtype=torch.float32, device=bb.device)
+        heads = final.shape[1] if final is not None else bb.shape[1]
+        dG = torch.zeros((bb.shape[0], heads, bb.shape[2]), dtype=torch.float32, device=bb.device)
     dG = dG.double()
     if ds is not None and final is not None and n:
         dG[..., -1] += (ds.double() * final.double()).sum(dim=(-1, -2))
@@ -191,7 +235,7 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
     if need_c:
         dc = reversed_call(op, v, grad_out, b, gamma, layout)
         if dc is None:
-            v_rev, b_rev, do_rev = reverse_rows([v, b, grad_out], layout, check=False)
+            v_rev, b_rev, do_rev = _reverse_rows([v, b, grad_out], layout)
             rev = op(v_rev, do_rev, b_rev, gamma)
             del v_rev
             if not (need_v or need_state):
@@ -202,7 +246,7 @@ def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, nee
         res = reversed_call(op, c, b, grad_out, gamma, layout, return_state=need_state)
         if res is None:
             if b_rev is None:
-                b_rev, do_rev = reverse_rows([b, grad_out], layout, check=False)
+                b_rev, do_rev = _reverse_rows([b, grad_out], layout)
             (c_rev,) = reverse_rows([c], layout, check=False)
             res = op(c_rev, b_rev, do_rev, gamma, return_state=need_state)
             del c_rev
@@ -236,7 +280,7 @@ def _reversed_per_token(op: Operator, b, c, v, gamma, grad_out, layout: str, log
     reversed copies with :func:`reversed_decay`."""
     dc = dv = state_rev = None
     a_rev = reversed_decay(log_decay, layout)
-    v_rev, b_rev, do_rev = reverse_rows([v, b, grad_out], layout, check=False)
+    v_rev, b_rev, do_rev = _reverse_rows([v, b, grad_out], layout)
     if need_c:
         rev = op(v_rev, do_rev, b_rev, gamma, log_decay=a_rev)
         (dc,) = reverse_rows([rev], layout, check=False)
@@ -333,7 +377,12 @@ def add_tail_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tenso
     """
     acc = torch.promote_types(ds.dtype, torch.float32)
     xb = to_bhnd(x, layout).to(acc)
-    term = (xb if tail is None else xb * torch.exp(tail).unsqueeze(-1).to(acc)) @ ds.to(acc)
+    # per output head, ds's: a grouped x meets each of its group's heads by broadcasting (docs/design.md §1.7)
+    h = xb.shape[1]
+    xg = _by_group(xb)
+    if tail is not None:
+        xg = xg * _split(torch.exp(tail).unsqueeze(-1).to(acc), h)
+    term = (xg @ _split(ds.to(acc), h)).flatten(1, 2)
     term = to_bhnd(term, layout)                                                # the caller's layout
     if grad is not None:
         term = term + grad.to(acc)
@@ -368,9 +417,11 @@ def add_state_term(grad: Optional[torch.Tensor], x: torch.Tensor, ds: torch.Tens
     """
     acc = torch.promote_types(ds.dtype, torch.float32)
     xb = to_bhnd(x, layout).to(acc)
-    n = xb.shape[2]
+    n, h = xb.shape[2], xb.shape[1]
     w = _decay(lam, torch.arange(n - 1, -1, -1, device=x.device), acc)        # γ^(n−1−j)
-    term = (xb if w is None else xb * w) @ ds.to(acc)                           # [B, H, n, ·] @ [B, H, ·, ·]
+    # per output head, ds's: a grouped x meets each of its group's heads by broadcasting (docs/design.md §1.7)
+    xg = _by_group(xb) if w is None else _by_group(xb) * _split(w, h)
+    term = (xg @ _split(ds.to(acc), h)).flatten(1, 2)                          # [B, H, n, ·] @ [B, H, ·, ·]
     term = to_bhnd(term, layout)                                                # the caller's layout
     if grad is not None:
         term = term + grad.to(acc)

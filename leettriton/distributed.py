@@ -33,7 +33,7 @@ import torch
 
 from . import ops, registry
 from .api import linear_attention as _single_device
-from .autograd import add_state_term, initial_state_grad, log2_gamma, output_grads
+from .autograd import add_state_term, group_sum, initial_state_grad, log2_gamma, output_grads
 from .autotune.families import current_family, is_interpreting
 from .kernels import segments
 from .methods.block_based.kernels import walk_segments
@@ -285,7 +285,8 @@ def _backward(scan: _Scan, start, b, c, v, grad_out, grad_state, *, need_b: bool
     ds0 = None
     if need_s0:   # rank 0 reads the initial state; the other ranks do not, so its gradient there is zero
         ds0 = initial_state_grad(state_rev, end_grad, lam, n) if rank == 0 else zeros
-    return db, dc, dv, ds0
+    # per output head: a shared (grouped) tensor's gradient sums its group (docs/design.md §1.7)
+    return group_sum(db, b, layout), group_sum(dc, c, layout), group_sum(dv, v, layout), ds0
 
 
 def simulate(b, c, v, gamma=None, *, lengths: Sequence[int], method: str = "auto", layout: str = "bhnd",

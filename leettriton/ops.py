@@ -237,7 +237,9 @@ _linear_attention.register_autograd(_backward, setup_context=_setup_context)
 def linear_attention(b, c, v, gamma=None, *, method: str = "auto", layout: str = "bhnd", initial_state=None,
                      return_state: bool = False, precision: Optional[str] = None, log_decay=None):
     """:func:`leettriton.linear_attention` through its operator (the arguments and results are the same)."""
-    heads = (b.shape[1] if layout == "bhnd" else b.shape[2]) if isinstance(b, Tensor) and b.dim() == 4 else None
+    axis = 1 if layout == "bhnd" else 2   # the output's heads: the most of b's, c's and v's (docs/design.md §1.7)
+    heads = (max(x.shape[axis] for x in (b, c, v)) if all(isinstance(x, Tensor) and x.dim() == 4 for x in (b, c, v))
+             else None)
     g, g_value = split_gamma(gamma, heads, v.device if isinstance(v, Tensor) else None)
     out, state = torch.ops.leettriton.linear_attention(b, c, v, g, g_value, initial_state, method, layout,
                                                        bool(return_state), precision, log_decay)
@@ -259,7 +261,7 @@ def _decode_step(b_t: Tensor, c_t: Tensor, v_t: Tensor, state: Tensor, gamma: Op
 
 @_decode_step.register_fake
 def _decode_step_fake(b_t, c_t, v_t, state, gamma, gamma_value, slot_ids, log_decay=None):
-    return torch.empty((b_t.shape[0], b_t.shape[1], v_t.shape[-1]), dtype=v_t.dtype, device=v_t.device)
+    return torch.empty((b_t.shape[0], state.shape[1], v_t.shape[-1]), dtype=v_t.dtype, device=v_t.device)
 
 
 def _skips(x: Tensor) -> bool:
@@ -281,7 +283,8 @@ def _decode_tokens(b: Tensor, c: Tensor, v: Tensor, state: Tensor, gamma: Option
 
 @_decode_tokens.register_fake
 def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_states, log_decay=None):
-    B, H, K, r = b.shape
+    B, _, K, r = b.shape
+    H = state.shape[1]   # the output's heads (grouped heads: docs/design.md §1.7)
     out = torch.empty((B, H, K, v.shape[-1]), dtype=v.dtype, device=v.device)
     if not keep_states:
         return out, _no_state(v)
@@ -322,7 +325,8 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
 @_linear_attention_varlen.register_fake
 def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, method, state_pool, slot_ids,
                                   has_initial_state, return_state, precision, log_decay=None):
-    T, H, r = b.shape
+    T, _, r = b.shape
+    H = max(b.shape[1], c.shape[1], v.shape[1])   # the output's heads (grouped heads: docs/design.md §1.7)
     out = torch.empty((T, H, v.shape[-1]), dtype=v.dtype, device=v.device)
     if return_state and state_pool is None:
         return out, torch.empty((cu_seqlens.shape[0] - 1, H, r, v.shape[-1]), dtype=torch.float32, device=v.device)
@@ -333,7 +337,7 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
                             has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
                             log_decay=None):
     """:func:`leettriton.linear_attention_varlen` through its operator."""
-    g, g_value = split_gamma(gamma, b.shape[1], v.device)
+    g, g_value = split_gamma(gamma, max(b.shape[1], c.shape[1], v.shape[1]), v.device)
     out, states = torch.ops.leettriton.linear_attention_varlen(b, c, v, cu_seqlens, g, g_value, method, state_pool,
                                                                slot_ids, has_initial_state, bool(return_state),
                                                                precision, log_decay)

@@ -24,6 +24,7 @@ __all__ = [
     "LAYOUTS", "PRECISIONS", "check_index", "check_pool", "check_slot_values", "check_cu_seqlens_values",
     "INDEX_DTYPES", "VarlenProblem", "make_varlen_problem", "packed", "device_guards_only", "log2_gamma64",
     "index_as_read", "check_own_memory", "check_unshared", "byte_extent", "resolve_log_decay", "check_log_decay_values",
+    "check_heads", "expand_heads",
 ]
 
 MAX_DIM = 1024
@@ -43,8 +44,10 @@ class Problem:
     strides (the ``bnhd`` layout is a transposed view, not a copy).
 
     Attributes:
-        b, c: ``(B, H, n, r)`` views.
-        v: ``(B, H, n, d)`` view.
+        b, c: ``(B, H_b, n, r)``, ``(B, H_c, n, r)`` views.
+        v: ``(B, H_v, n, d)`` view.  Each head count divides H, the output's (:attr:`shape`): output head h
+            reads head h // (H / H_x) of each (grouped heads, docs/design.md §1.7); the public calls give b and c
+            one head count.  Everything else (γ, the states, the decay, the output) is per output head.
         gamma: ``(H,)`` contiguous γ per head on the inputs' device, in the caller's
             float dtype, a view of the caller's tensor where it can be (the kernels read γ itself and compute
             λ = log2 γ in float64: docs/design.md §2), or ``None`` when there is
@@ -91,14 +94,29 @@ class Problem:
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
-        """``(batch, heads, n, r, d)`` (read once per b and v: a call's stages all ask for it)."""
+        """``(batch, heads, n, r, d)`` (read once per b, c and v: a call's stages all ask for it).  ``heads`` is
+        the output's: the most of b's, c's and v's head counts, each of which divides it (grouped heads,
+        docs/design.md §1.7)."""
         known = self.__dict__.get("_shape")
-        if known is not None and known[0] is self.b and known[1] is self.v:
-            return known[2]
+        if known is not None and known[0] is self.b and known[1] is self.v and known[2] is self.c:
+            return known[3]
         B, H, n, r = self.b.shape
+        H = max(H, self.c.shape[1], self.v.shape[1])
         shape = B, H, n, r, self.v.shape[-1]
-        self.__dict__["_shape"] = (self.b, self.v, shape)
+        self.__dict__["_shape"] = (self.b, self.v, self.c, shape)
         return shape
+
+    @property
+    def groups(self) -> tuple[int, int, int]:
+        """How many output heads read each head of b, c and v: ``heads // `` each one's head count (1 where the
+        tensor has a head per output head; docs/design.md §1.7)."""
+        H = self.shape[1]
+        return tuple(H // x.shape[1] if x.shape[1] else 1 for x in (self.b, self.c, self.v))
+
+    @property
+    def grouped(self) -> bool:
+        """b, c or v has fewer heads than the output (grouped heads, docs/design.md §1.7)."""
+        return self.groups != (1, 1, 1)
 
     def repeat_launch(self, mark: tuple, extra: tuple = ()) -> bool:
         """Launch again what an earlier call of this problem's signature kept in :attr:`memo` under ``mark``
@@ -230,12 +248,42 @@ def check_token_triple(names: tuple[str, str, str], b, c, v, axes: str, lead: st
     if not (b.device == c.device == v.device):
         raise ValueError(f"{nb}, {nc} and {nv} must be on one device, got {b.device}, {c.device}, {v.device}")
     n, H, r = b.shape
-    if tuple(c.shape) != (n, H, r):
+    if (c.shape[0], c.shape[2]) != (n, r):
         raise ValueError(f"{nc} must have the shape of {nb} {tuple(b.shape)}, got {tuple(c.shape)}")
-    if tuple(v.shape[:2]) != (n, H):
+    if v.shape[0] != n:
         raise ValueError(f"{nv} must match {nb} in {lead}: {nb} has shape {tuple(b.shape)}, {nv} has "
                          f"shape {tuple(v.shape)}")
+    H = check_heads(names, (H, c.shape[1], v.shape[1]),
+                    f"{nc} must have the shape of {nb} {tuple(b.shape)}, got {tuple(c.shape)}",
+                    f"{nv} must match {nb} in {lead}: {nb} has shape {tuple(b.shape)}, {nv} has shape {tuple(v.shape)}")
     return (b, c, v), (n, H, r, v.shape[-1])
+
+
+def check_heads(names: tuple[str, str, str], heads: tuple[int, int, int], c_message: str, v_message: str) -> int:
+    """The output's head count for b, c and v of ``heads`` heads (named ``names``): the most of them, each of
+    which must divide it (grouped heads, docs/design.md §1.7: b and c with H_k heads and v with H_v, one of H_k and
+    H_v a multiple of the other; b and c may even differ).  Otherwise a ValueError before any work, which starts
+    with ``c_message`` where b's and c's counts do not divide one another, else with ``v_message``, and names
+    every count."""
+    H = max(heads)
+    if all(x == H or (x > 0 and H % x == 0) for x in heads):
+        return H
+    hb, hc, _ = heads
+    apart = not (hb == hc or (hb and hc and (hb % hc == 0 or hc % hb == 0)))
+    nb, nc, nv = names
+    raise ValueError(f"{c_message if apart else v_message}; grouped heads need head counts that divide one "
+                     f"another ({nb} and {nc} with H_k heads, {nv} with H_v, one of H_k and H_v a multiple of the "
+                     f"other), got {nb} with {heads[0]} heads, {nc} with {heads[1]} and {nv} with {heads[2]}")
+
+
+def expand_heads(x: torch.Tensor, heads: int, dim: int = 1) -> torch.Tensor:
+    """``x`` with each of its heads (dimension ``dim``) repeated for the output heads that read it: ``x`` itself
+    when it has ``heads`` heads, else a new tensor (``repeat_interleave``, differentiable: its gradient sums
+    each group).  For the PyTorch paths and the oracle (docs/design.md §1.7); the kernels read groups as they are."""
+    h = x.shape[dim]
+    if h == heads:
+        return x
+    return x.repeat_interleave(heads // h, dim=dim)
 
 
 def check_dims(r: int, d: int, where: str) -> None:
@@ -777,6 +825,7 @@ def make_problem(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=Non
 
     bb, cc, vv = to_bhnd(b, layout), to_bhnd(c, layout), to_bhnd(v, layout)
     B, H, n, r = bb.shape
+    H = max(H, cc.shape[1], vv.shape[1])   # the output's heads (grouped heads: docs/design.md §1.7)
     d = vv.shape[-1]
     device = v.device
     gamma_h = resolve_gamma(gamma, H, device, lambda: _other_layout_hint(layout, b, gamma))
@@ -865,11 +914,15 @@ def _check_shapes(b, c, v, layout, initial_state, where: str) -> None:
     dims = "(batch, heads, n, dim)" if layout == "bhnd" else "(batch, n, heads, dim)"
     bb, cc, vv = to_bhnd(b, layout), to_bhnd(c, layout), to_bhnd(v, layout)
     B, H, n, r = bb.shape
-    if tuple(cc.shape) != (B, H, n, r):
+    if (cc.shape[0], cc.shape[2], cc.shape[3]) != (B, n, r):
         raise ValueError(f"c must have the shape of b {tuple(b.shape)}, got {tuple(c.shape)}")
-    if tuple(vv.shape[:3]) != (B, H, n):
+    if (vv.shape[0], vv.shape[2]) != (B, n):
         raise ValueError(f"v must match b in batch, heads and n {dims}: b has shape {tuple(b.shape)}, "
                          f"v has shape {tuple(v.shape)}")
+    H = check_heads(("b", "c", "v"), (H, cc.shape[1], vv.shape[1]),
+                    f"c must have the shape of b {tuple(b.shape)}, got {tuple(c.shape)}",
+                    f"v must match b in batch, heads and n {dims}: b has shape {tuple(b.shape)}, v has shape "
+                    f"{tuple(v.shape)}")
     d = vv.shape[-1]
     check_dims(r, d, where)
     device = v.device

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .problem import check_bool, log2_gamma64, make_problem, to_bhnd as _bhnd
+from .problem import check_bool, expand_heads, log2_gamma64, make_problem, to_bhnd as _bhnd
 
 __all__ = ["reference"]
 
@@ -120,6 +120,10 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
 
     ``log_decay``: the per-token decay of :func:`leettriton.linear_attention` (docs/design.md §1.6),
     M[i, j] = exp(a_{j+1} + … + a_i) from differences of its prefix sum within a chunk, in float64.
+
+    Grouped heads (docs/design.md §1.7): b, c and v may have fewer heads than the output, each count dividing
+    the most of them, H; output head h reads head h // (H / heads) of each, from the definition (its heads
+    repeated), and autograd sums each shared head's gradient over its group.
     """
     check_bool("return_state", return_state)
     p, _ = make_problem(b, c, v, gamma, layout=layout, initial_state=initial_state, return_state=False,
@@ -134,7 +138,8 @@ def reference(b, c, v, gamma=None, *, layout: str = "bhnd", initial_state=None, 
     step = max(n, 1) if n <= DENSE_MAX_N else CHUNK
     for t0 in range(0, n, step):
         sl = slice(t0, min(n, t0 + step))
-        bb, cc, vv = (x[:, :, sl].to(device=dev, dtype=torch.float64) for x in (p.b, p.c, p.v))
+        # grouped heads: output head h reads head h // (H / heads) of each (docs/design.md §1.7)
+        bb, cc, vv = (expand_heads(x[:, :, sl].to(device=dev, dtype=torch.float64), H) for x in (p.b, p.c, p.v))
         if p.log_decay is not None:
             a = p.log_decay[:, :, sl].to(device=dev, dtype=torch.float64)
             out[:, :, sl], state = _chunk_per_token(bb, cc, vv, a, state)

@@ -92,6 +92,12 @@ def _rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return x.narrow(0, start, stop - start)
 
 
+def _heads(b, c, v) -> int:
+    """The output's heads: the most of b's, c's and v's (grouped heads, docs/design.md §1.7; the entry points
+    check that each divides it)."""
+    return max(b.shape[1], c.shape[1], v.shape[1])
+
+
 def _output(out, T: int, heads: int, d: int, dtype, device):
     if out is None:
         return torch.empty((T, heads, d), dtype=dtype, device=device)
@@ -243,7 +249,7 @@ def vllm_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check_i
     T = b.shape[0]
     if T < ndt + npt:
         raise ValueError(f"b must have at least num_decode_tokens + num_prefill_tokens = {ndt + npt} rows, got {T}")
-    H, d = v.shape[1], v.shape[2]
+    H, d = _heads(b, c, v), v.shape[2]
     o = _output(out, T, H, d, v.dtype, v.device)
     slots = _slots_1d("state_indices_tensor", _field(metadata, "state_indices_tensor"))
     qsl = _field(metadata, "query_start_loc")
@@ -312,7 +318,7 @@ def vllm_spec_decode(b, c, v, state_pool, metadata, gamma=None, *, out=None, che
     if not isinstance(accepted, torch.Tensor) or tuple(accepted.shape) != (B,):
         raise ValueError(f"metadata.num_accepted_tokens must be a ({B},) tensor, got "
                          f"{getattr(accepted, 'shape', type(accepted).__name__)}")
-    H, r, d = v.shape[1], b.shape[2], v.shape[2]
+    H, r, d = _heads(b, c, v), b.shape[2], v.shape[2]
     o = _output(out, B * K, H, d, v.dtype, v.device)
     if B == 0:
         return o
@@ -357,7 +363,7 @@ def sglang_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check
     T = b.shape[0]
     if T < npt:
         raise ValueError(f"b must have at least num_prefill_tokens = {npt} rows, got {T}")
-    H, d = v.shape[1], v.shape[2]
+    H, d = _heads(b, c, v), v.shape[2]
     o = _output(out, T, H, d, v.dtype, v.device)
     slots = _slots_1d("mamba_cache_indices", _field(metadata, "mamba_cache_indices"))
     decode_rows = T - npt
@@ -402,7 +408,7 @@ def sglang_target_verify(b, c, v, state_pool, metadata, gamma=None, *, draft_tok
         raise ValueError(f"b's rows must be batch · draft_token_num ({K}), got {b.shape[0]}")
     B = b.shape[0] // K
     _check_rows("mamba_cache_indices", slots, B, "one slot per verified row")
-    H, d = v.shape[1], v.shape[2]
+    H, d = _heads(b, c, v), v.shape[2]
     o = _output(out, B * K, H, d, v.dtype, v.device)
     rows = lambda x: x.unflatten(0, (B, K)).transpose(1, 2)  # noqa: E731  (B, H, k, dim), a view
     part, _, kept = decode_tokens(rows(b), rows(c), rows(v), state_pool, gamma, slot_ids=_ids(_rows(slots, 0, B)),

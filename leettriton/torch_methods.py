@@ -37,7 +37,7 @@ from typing import Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from .problem import Problem
+from .problem import Problem, expand_heads
 
 __all__ = [
     "vanilla_torch", "causal_dot_product_torch", "block_based_torch", "recursion_torch",
@@ -57,13 +57,15 @@ _LEAF = 64              # recursion: leaf length
 # --------------------------------------------------------------------------- shared helpers
 
 def _inputs(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """b, c, v in float32 (16-bit inputs upcast; float32 views pass through uncopied).
+    """b, c, v in float32 (16-bit inputs upcast; float32 views pass through uncopied), each with a head per
+    output head: grouped heads are repeated here (docs/design.md §1.7; autograd sums each group's gradient).
 
     float64 tensors stay float64: the package's gradient checks hand the methods float64 problems
     (``torch.autograd.gradcheck``; the public functions take 16- and 32-bit inputs only).
     """
     dtype = torch.promote_types(p.v.dtype, torch.float32)
-    return p.b.to(dtype), p.c.to(dtype), p.v.to(dtype)
+    H = p.shape[1]
+    return tuple(expand_heads(x.to(dtype), H) for x in (p.b, p.c, p.v))
 
 
 def _lam(lam: torch.Tensor, ndim: int) -> torch.Tensor:

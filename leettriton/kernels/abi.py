@@ -17,6 +17,14 @@ runs without a copy.  A kernel starts with :func:`batch_head` and
 :func:`head_ptrs` (or :func:`head_ptr`): its pointers moved to its batch
 element and head.
 
+Grouped heads (docs/design.md §1.7): b, c and v may each have fewer heads than the output, each count
+dividing the output's H.  Their stride tuples end in one more entry, the group g = H / (the tensor's heads):
+output head h reads head h // g (:func:`group_ptr`, which :func:`head_ptrs` applies to b, c and v).  An
+ungrouped tensor's g is 1, which Triton specialises as the constant 1, so ``h // g`` folds away and the
+kernel compiles to the code it had without the entry; a grouped tensor's g is an integer argument (a variant
+of its own).
+No tensor is expanded or copied: each program reads its group's head where it lies.
+
 A reversed problem (``Problem.reverse``: the backward's calls in reversed time,
 docs/design.md §10.3) gets, for each of b, c, v and the output, a view that
 starts at the tensor's last row as the pointer and the row stride negated, so
@@ -59,7 +67,8 @@ def _problem_args(p: Problem) -> dict:
     st = p.state if p.state is not None else p.out
     args = dict(
         b_ptr=p.b, c_ptr=p.c, v_ptr=p.v, o_ptr=p.out, gamma_ptr=gamma, s0_ptr=s0, st_ptr=st,
-        b_strides=strides(p.b), c_strides=strides(p.c), v_strides=strides(p.v), o_strides=strides(p.out),
+        b_strides=group_strides(p.b, H), c_strides=group_strides(p.c, H), v_strides=group_strides(p.v, H),
+        o_strides=strides(p.out),
         s0_strides=strides(s0), st_strides=strides(st),
         H=H, N=n, R=r, D=d,
         HAS_DECAY=p.gamma is not None,
@@ -69,7 +78,8 @@ def _problem_args(p: Problem) -> dict:
     )
     if p.reverse:
         for name, x in (("b", p.b), ("c", p.c), ("v", p.v), ("o", p.out)):
-            args[f"{name}_ptr"], args[f"{name}_strides"] = reversed_rows(x)
+            ptr, st = reversed_rows(x)
+            args[f"{name}_ptr"], args[f"{name}_strides"] = ptr, (st if name == "o" else st + (H // x.shape[1],))
     return args
 
 
@@ -86,6 +96,14 @@ def strides(x) -> tuple[int, ...]:
     """The strides of ``x`` as a kernel takes them: (batch, head, row, column) of a 4-D tensor (the
     stand-ins for absent states are 4-D as well), (batch, head, column) of a decode step's 3-D one."""
     return tuple(x.stride())
+
+
+def group_strides(x, heads: int) -> tuple[int, ...]:
+    """The strides of b, c or v (or a decode step's b_t, c_t, v_t) as a kernel takes them: :func:`strides`, then
+    the group, ``heads`` (the output's) // ``x``'s heads: how many output heads read each of its heads (1 when it
+    has one per output head; docs/design.md §1.7).  :func:`group_ptr` reads it."""
+    h = x.shape[1]
+    return tuple(x.stride()) + ((heads // h) if h else 1,)
 
 
 def dot_precision(p: Problem) -> str:
@@ -128,10 +146,19 @@ def head_ptr(ptr, strides, i_b, i_h):
 
 
 @triton.jit
+def group_ptr(ptr, strides, i_b, i_h):
+    """``ptr`` of b, c or v moved to batch element ``i_b`` and the head output head ``i_h`` reads: its strides
+    tuple (:func:`group_strides`) ends in the group g, and the head is ``i_h // g`` (docs/design.md §1.7; g = 1,
+    a constant, for an ungrouped tensor: the division folds away)."""
+    return ptr + i_b * strides[0] + (i_h // strides[len(strides) - 1]) * strides[1]
+
+
+@triton.jit
 def head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h):
-    """The pointers to b, c, v and the output moved to batch element ``i_b`` and head ``i_h``."""
-    return (head_ptr(b_ptr, b_strides, i_b, i_h), head_ptr(c_ptr, c_strides, i_b, i_h),
-            head_ptr(v_ptr, v_strides, i_b, i_h), head_ptr(o_ptr, o_strides, i_b, i_h))
+    """The pointers to b, c, v and the output moved to batch element ``i_b`` and output head ``i_h`` (b, c and v
+    to the heads it reads: :func:`group_ptr`)."""
+    return (group_ptr(b_ptr, b_strides, i_b, i_h), group_ptr(c_ptr, c_strides, i_b, i_h),
+            group_ptr(v_ptr, v_strides, i_b, i_h), head_ptr(o_ptr, o_strides, i_b, i_h))
 
 
 @triton.jit

@@ -29,7 +29,8 @@ from ..autotune import autotune, is_interpreting, launch
 from ..autotune.configs import CompiledLaunches
 from . import decode_space as spaces
 from ..autotune.sizing import cdiv
-from .abi import and_scalar, batch_head, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
+from ..problem import expand_heads
+from .abi import and_scalar, batch_head, group_strides, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
 
 @triton.jit
 def _token_pass(p_b, p_c, p_v, p_st, b_stride, c_stride, v_stride, st_stride_k, st_stride_v, p_keep, keep_stride_t,
@@ -168,7 +169,10 @@ through the compiled kernel (its host time is the hot loop of generation)."""
 
 
 def _decode_step_torch(b_t, c_t, v_t, state, gamma, out) -> None:
-    """The same step in PyTorch, for CPU tensors outside the interpreter (float64 inside, one rounding)."""
+    """The same step in PyTorch, for CPU tensors outside the interpreter (float64 inside, one rounding); grouped
+    heads expanded to the state's (docs/design.md §1.7)."""
+    H = state.shape[1]
+    b_t, c_t, v_t = (expand_heads(x, H) for x in (b_t, c_t, v_t))
     new = c_t.double().unsqueeze(-1) * v_t.double().unsqueeze(-2)
     if gamma is not None:
         new += gamma.double().view(1, -1, 1, 1) * state
@@ -199,12 +203,15 @@ def _torch_step(b_t, c_t, v_t, state, gamma, out, slot_ids) -> None:
 
 
 def decode_args(b_t, c_t, v_t, state, gamma, out, slot_ids=None) -> dict:
-    """The decode kernel's keyword arguments (everything but the config)."""
-    B, H, r = b_t.shape
+    """The decode kernel's keyword arguments (everything but the config).  The heads are the state's (b_t, c_t,
+    v_t may be grouped: docs/design.md §1.7)."""
+    B, r = b_t.shape[0], b_t.shape[-1]
+    H = state.shape[1]
     return dict(
         b_ptr=b_t, c_ptr=c_t, v_ptr=v_t, o_ptr=out, gamma_ptr=out if gamma is None else gamma,
         st_ptr=state, slot_ptr=state if slot_ids is None else slot_ids,
-        b_strides=strides(b_t), c_strides=strides(c_t), v_strides=strides(v_t), o_strides=strides(out),
+        b_strides=group_strides(b_t, H), c_strides=group_strides(c_t, H), v_strides=group_strides(v_t, H),
+        o_strides=strides(out),
         st_strides=strides(state),
         H=H, R=r, D=v_t.shape[-1], SLOTS=state.shape[0], BH_BUCKET=(B * H).bit_length(),
         HAS_DECAY=gamma is not None, SLOTTED=slot_ids is not None,
@@ -230,7 +237,7 @@ def decode_step_impl(b_t: torch.Tensor, c_t: torch.Tensor, v_t: torch.Tensor, st
         _torch_step(b_t, c_t, v_t, state, gamma, out, slot_ids)
         return _TorchStep(gamma is not None, slot_ids is not None)
     args = decode_args(b_t, c_t, v_t, state, gamma, out, slot_ids)
-    d, bh = v_t.shape[-1], v_t.shape[0] * v_t.shape[1]
+    d, bh = v_t.shape[-1], v_t.shape[0] * state.shape[1]
     grid = lambda meta: (cdiv(d, meta["BV"]) * bh,)  # noqa: E731
     pinned = (config or {}).get(spaces.STEP.name)
     # every argument but the tensors by value, the tensors by dtype, the config, and the grid's batch·heads
@@ -244,7 +251,9 @@ _TOKEN_LAUNCHES = CompiledLaunches(_decode_tokens_kernel, _POINTERS + ("slot_ptr
 def _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept, log_decay=None) -> None:
     """The k-token step in PyTorch, for CPU tensors outside the interpreter (float64 inside); ``log_decay``
     ``(B, H, k)``: token t's factor exp(a_t) (NaN for a_t > 0 or NaN), instead of γ."""
-    B, H, K, r = b.shape
+    B, _, K, r = b.shape
+    H = state.shape[1]
+    b, c, v = (expand_heads(x, H) for x in (b, c, v))   # grouped heads (docs/design.md §1.7)
     if slot_ids is None:
         rows, live = torch.arange(B), torch.ones(B, dtype=torch.bool)
     else:
@@ -290,14 +299,15 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
         if log_decay is not None:
             return None
         return _TorchTokens(gamma is not None, slot_ids is not None, kept is not None)
-    B, H, K, r = b.shape
+    B, _, K, r = b.shape
+    H = state.shape[1]   # the output's heads: b, c, v may be grouped (docs/design.md §1.7)
     d = v.shape[-1]
     keep = kept if kept is not None else state  # unused stand-in
     args = dict(
         b_ptr=b, c_ptr=c, v_ptr=v, o_ptr=out, gamma_ptr=out if gamma is None else gamma, st_ptr=state,
         slot_ptr=state if slot_ids is None else slot_ids, keep_ptr=keep,
-        b_strides=strides(b), c_strides=strides(c), v_strides=strides(v), o_strides=strides(out),
-        st_strides=strides(state), keep_strides=strides(keep) if kept is not None else (0, 0, 0, 0, 0),
+        b_strides=group_strides(b, H), c_strides=group_strides(c, H), v_strides=group_strides(v, H),
+        o_strides=strides(out), st_strides=strides(state), keep_strides=strides(keep) if kept is not None else (0, 0, 0, 0, 0),
         H=H, R=r, D=d, K=K, SLOTS=state.shape[0], BH_BUCKET=(B * H).bit_length(),
         HAS_DECAY=gamma is not None, SLOTTED=slot_ids is not None, KEEP=kept is not None,
         a_ptr=out if log_decay is None else log_decay,

@@ -38,7 +38,7 @@ from ..autotune.configs import CompiledLaunches
 from ..autotune.families import current_family
 from . import segments_space as spaces
 from ..autotune.sizing import cdiv
-from .abi import (batch_head, decay, head_log2_gamma, head_ptr, load_tile, low_part, mma, problem_args, round_to,
+from .abi import (batch_head, decay, group_ptr, head_log2_gamma, head_ptr, load_tile, low_part, mma, problem_args, round_to,
                   store_tile, two_part)
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "DIRECT", "TWO_PART", "WAVE", "PER_TOKEN_DECAY"]
@@ -78,8 +78,8 @@ def _segment_state_kernel(
     i_s = i_bhl % NL
     i_bhs = i_bh * NS + i_s  # the segment's entry in the workspace
     i_b, i_h = batch_head(i_bh, H)
-    p_c = head_ptr(c_ptr, c_strides, i_b, i_h)
-    p_v = head_ptr(v_ptr, v_strides, i_b, i_h)
+    p_c = group_ptr(c_ptr, c_strides, i_b, i_h)
+    p_v = group_ptr(v_ptr, v_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
 
     t_start = i_s * SEG

@@ -197,9 +197,11 @@ def _slices(p: Problem, ns: int) -> list[tuple[int, int, int, int]]:
 
     if ns == 1 or fits(B, H):
         return [(0, B, 0, H)]
+    group = max(p.groups)   # blocks of whole groups of heads (docs/design.md §1.7)
     nh = H
-    while nh > 1 and not fits(1, nh):
+    while nh > group and not fits(1, nh):
         nh = cdiv(nh, 2)
+    nh = cdiv(nh, group) * group
     nb = 1
     if nh == H:
         while nb * 2 <= B and fits(nb * 2, H):
@@ -209,8 +211,11 @@ def _slices(p: Problem, ns: int) -> list[tuple[int, int, int, int]]:
 
 def _block(p: Problem, b0: int, b1: int, h0: int, h1: int) -> Problem:
     """The sub-problem of batch elements b0:b1 and heads h0:h1 (views, no copies)."""
-    def cut(x):
-        return None if x is None else x[b0:b1, h0:h1]
+    H = p.shape[1]
+
+    def cut(x):   # a grouped tensor's heads read by heads h0:h1, whole groups (_slices)
+        g = 1 if x is None else H // x.shape[1]
+        return None if x is None else x[b0:b1, h0 // g:-(-h1 // g)]
 
     gamma = None if p.gamma is None else p.gamma[h0:h1]
     return dataclasses.replace(p, b=cut(p.b), c=cut(p.c), v=cut(p.v), out=cut(p.out), gamma=gamma,

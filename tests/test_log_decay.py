@@ -22,7 +22,7 @@ from helpers import assert_close
 TWINS = ["vanilla_torch", "causal_dot_product_torch", "lightning_attention_torch", "block_based_torch",
          "recursion_torch", "fleet_attention_torch"]
 KERNELS = ["causal_dot_product", "auto"]
-UNSUPPORTED = ["vanilla", "lightning_attention", "block_based", "recursion", "fleet_attention"]
+UNSUPPORTED = ["lightning_attention", "block_based"]
 
 
 def _inputs(B, H, n, r, d, layout, dtype=torch.float32, seed=0, strength=20.0, strided=False):

@@ -6,7 +6,8 @@ terms, in log2 units (a · log2 e, :func:`log2_decays`), never as a difference o
 (at n = 10^5 with strong decay those reach 10^6 and keep no digit of a nearby difference):
 
 * inside one tile of rows, G_i = the tile's own prefix sum up to row i, and the decay from j to i is
-  G_i − G_j (both sums of at most a tile of terms; a rounding that makes it positive is taken as 0);
+  G_i − G_j, both sums of at most a tile of terms, each kept in two floats (:func:`prefix_sums`) so that
+  their difference keeps float32's accuracy (a rounding that makes it positive is taken as 0);
 * key j of an earlier tile reaches row i through ``tail_j`` (the sum over the rows after j in its
   tile, :func:`tile_tail`), the tile sums of the tiles between (each a sum of one tile), and G_i;
 * states carry from tile to tile (or segment to segment) multiplied by exp2 of the tile's (segment's) sum.
@@ -64,6 +65,33 @@ def tile_tail(p_a, stride, rows, n_rows, BT: tl.constexpr):
     o_r = tl.arange(0, BT)
     a_next = tl.where(o_r == BT - 1, 0.0, log2_decays(p_a, stride, rows + 1, n_rows))
     return tl.cumsum(a_next, axis=0, reverse=True)
+
+
+@triton.jit
+def _two_sum(h1, l1, h2, l2):
+    """(h1 + l1) + (h2 + l2) as an unevaluated sum hi + lo: hi the float32 sum of h1 and h2, lo what its
+    rounding dropped (exact: Knuth's two-sum) plus the two low parts."""
+    s = h1 + h2
+    bp = s - h1
+    return s, ((h1 - (s - bp)) + (h2 - bp)) + (l1 + l2)
+
+
+@triton.jit
+def prefix_sums(a):
+    """(hi, lo): G_i = Σ_{k ≤ i} a_k over a tile's decays ``a``, as hi + lo (about twice float32's digits).
+
+    A difference G_i − G_j of two float32 prefix sums keeps only ε · |G| of absolute accuracy, which is
+    poor where a strong decay came before a weak one inside the tile; with (hi_i − hi_j) + (lo_i − lo_j)
+    (:func:`pair_exponents`) the error is about ε · |G_i − G_j| (hi_i − hi_j is exact where the two are
+    within a factor 2 of each other, and relatively accurate where they are not).  Row i combines rows
+    ≤ i only, so a bad a_k never reaches rows before k."""
+    return tl.associative_scan((a, tl.zeros_like(a)), 0, _two_sum)
+
+
+@triton.jit
+def pair_exponents(hi_i, lo_i, hi_j, lo_j):
+    """[len(i), len(j)] exponents G_i − G_j of :func:`prefix_sums`' (hi, lo) pairs."""
+    return (hi_i[:, None] - hi_j[None, :]) + (lo_i[:, None] - lo_j[None, :])
 
 
 @triton.jit

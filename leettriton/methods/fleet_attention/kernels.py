@@ -89,7 +89,7 @@ from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, causal_decay, decay, float16_tile_scale, head_log2_gamma,
                             head_ptr, head_ptrs, mma, nonfinite, problem_args, round_to)
 from ...kernels.segments import segment_start_states
-from ...kernels.token_decay import decay_args, log2_decays, tile_tail, token_start_states
+from ...kernels.token_decay import decay_args, log2_decays, pair_exponents, prefix_sums, tile_tail, token_start_states
 
 _KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION", "PER_TOKEN_DECAY"]
 
@@ -211,8 +211,8 @@ def _fleet_attention_fwd_kernel(
             # G_i: the block's prefix sums of a · log2 e; L[i, j] = exp2(G_i − G_j) for i ≥ j (selected; a
             # rounding above 0 taken as 0), the carry into row i exp2(G_i); a bad a_k is NaN from row k on
             b_a = log2_decays(p_a, a_strides[2], o_t, seg_rows)
-            b_g = tl.cumsum(b_a, axis=0)
-            b_e = b_g[:, None] - b_g[None, :]
+            b_g, b_gl = prefix_sums(b_a)   # in two parts (kernels/token_decay.py)
+            b_e = pair_exponents(b_g, b_gl, b_g, b_gl)
             b_l = _operand(tl.where(o_r[:, None] >= o_r[None, :], tl.exp2(tl.where(b_e > 0.0, 0.0, b_e)), 0.0),
                            IN_DTYPE)
             b_first = tl.exp2(b_g)

@@ -70,8 +70,8 @@ from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state, segment_local_states
-from ...kernels.token_decay import (decay_args, log2_decays, poison, scalar_zero, tile_tail, token_final_state,
-                                    token_local_states, token_masked_product)
+from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero, tile_tail,
+                                    token_final_state, token_local_states, token_masked_product)
 
 
 # the level kernel rewrites the tree in place: the autotuner must restore it between its trial runs
@@ -123,11 +123,11 @@ def _leaf_tile(p_b, p_c, p_v, b_strides, c_strides, v_strides, leaf, i_t, o_i, o
 
 
 @triton.jit
-def _leaf_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_strides, c_strides, v_strides, leaf, i_t, o_i, o_v, N, R,
+def _leaf_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, b_strides, c_strides, v_strides, leaf, i_t, o_i, o_v, N, R,
                      D, LEAF, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr, BJ: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr):
-    """:func:`_leaf_tile` with a per-token decay (docs/design.md §1.6), as vanilla's tile: ``b_g`` holds G_i,
-    the tile's prefix sums of a · log2 e.  Key tiles inside the output tile (BJ divides BT) decay key j by
+    """:func:`_leaf_tile` with a per-token decay (docs/design.md §1.6), as vanilla's tile: ``b_g`` + ``b_gl``
+    hold G_i, the tile's prefix sums of a · log2 e in two parts (kernels/token_decay.py, ``prefix_sums``).  Key tiles inside the output tile (BJ divides BT) decay key j by
     G_i − G_j (G_j picked out of ``b_g``); the leaf's earlier key tiles, walked backwards, by G_i + the sums of
     the key tiles between + tail_j.  Returns the tile and Σ a · log2 e over the leaf's rows before the tile."""
     acc = tl.zeros([BT, BV], dtype=tl.float32)
@@ -136,9 +136,11 @@ def _leaf_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_strides, c_strides, v_
     o_rj = tl.arange(0, BJ)
     for j0 in range(i0, i0 + BT, BJ):
         o_j = j0 + o_rj
-        g_j = tl.sum(tl.where(o_r[:, None] == (o_j - i0)[None, :], b_g[:, None], 0.0), axis=0)  # [BJ]: G_j
+        pick = o_r[:, None] == (o_j - i0)[None, :]
+        g_j = tl.sum(tl.where(pick, b_g[:, None], 0.0), axis=0)  # [BJ]: G_j, both parts
+        g_jl = tl.sum(tl.where(pick, b_gl[:, None], 0.0), axis=0)
         acc = token_masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v,
-                                   b_g[:, None] - g_j[None, :], N, R, D, DOT_PRECISION, BK, CAUSAL)
+                                   pair_exponents(b_g, b_gl, g_j, g_jl), N, R, D, DOT_PRECISION, BK, CAUSAL)
     between = scalar_zero()  # Σ a · log2 e over the key tiles between key tile J and the output tile
     for m in range(0, (i0 - leaf * LEAF) // BJ):
         o_j = i0 - (m + 1) * BJ + o_rj
@@ -169,11 +171,11 @@ def _recursion_fwd_kernel(
     leaf = (i_t * BT) // LEAF
     if PER_TOKEN_DECAY:  # the per-token decay a_t of this batch element and head (docs/design.md §1.6)
         p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
-        b_g = tl.cumsum(log2_decays(p_a, a_strides[2], o_i, N), axis=0)   # G_i: a · log2 e over the tile's rows ≤ i
-        acc, lead = _leaf_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_strides, c_strides, v_strides, leaf,
+        b_g, b_gl = prefix_sums(log2_decays(p_a, a_strides[2], o_i, N))   # G_i: a · log2 e over the tile's rows ≤ i
+        acc, lead = _leaf_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, b_strides, c_strides, v_strides, leaf,
                                      i_t, o_i, o_v, N, R, D, LEAF, DOT_PRECISION, False, BT, BJ, BK, BV)
         if any_nonfinite(acc):  # the causal form, as below
-            acc, lead = _leaf_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_strides, c_strides, v_strides,
+            acc, lead = _leaf_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, b_strides, c_strides, v_strides,
                                          leaf, i_t, o_i, o_v, N, R, D, LEAF, DOT_PRECISION, True, BT, BJ, BK, BV)
         # the levels as below, each left state decayed by the sums of the blocks between it and the leaf
         # (rows [first·LEAF, q0): the blocks of the lower set bits, from the sums tree), and row i by its

@@ -21,8 +21,8 @@ from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state
-from ...kernels.token_decay import (decay_args, log2_decays, poison, scalar_zero, tile_tail, token_final_state,
-                                    token_masked_product)
+from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero, tile_tail,
+                                    token_final_state, token_masked_product)
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "PER_TOKEN_DECAY"]
 
@@ -53,18 +53,18 @@ def _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_str
 
 
 @triton.jit
-def _vanilla_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b,
+def _vanilla_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b,
                         i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         CAUSAL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """:func:`_vanilla_tile` with a per-token decay (docs/design.md §1.6); ``b_g``: G_i, the tile's prefix
-    sums of a · log2 e up to each row (kernels/token_decay.py).
+    """:func:`_vanilla_tile` with a per-token decay (docs/design.md §1.6); ``b_g`` + ``b_gl``: G_i, the tile's
+    prefix sums of a · log2 e up to each row, in two parts (kernels/token_decay.py, ``prefix_sums``).
 
     The diagonal tile decays key j by G_i − G_j; then the key tiles from the diagonal backwards, key j of
     tile J by G_i + (the sums of the tiles between J and this one) + tail_j: every exponent a sum of nearby
     terms, ≤ 0.  The initial state reaches row i decayed by G_i + the sums of every earlier tile."""
     acc = tl.zeros([BT, BV], dtype=tl.float32)
     acc = token_masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_i, o_v,
-                               b_g[:, None] - b_g[None, :], N, R, D, DOT_PRECISION, BK, CAUSAL)
+                               pair_exponents(b_g, b_gl, b_g, b_gl), N, R, D, DOT_PRECISION, BK, CAUSAL)
     between = scalar_zero()  # Σ a · log2 e over the tiles between key tile J and this one
     o_r = tl.arange(0, BT)
     for m in range(0, i_t):
@@ -109,12 +109,12 @@ def _vanilla_fwd_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     if PER_TOKEN_DECAY:  # the per-token decay a_t of this batch element and head (docs/design.md §1.6)
         p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
-        b_g = tl.cumsum(log2_decays(p_a, a_strides[2], o_i, N), axis=0)
-        acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, s0_ptr, s0_strides, b_strides, c_strides,
+        b_g, b_gl = prefix_sums(log2_decays(p_a, a_strides[2], o_i, N))
+        acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides,
                                   v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL, DOT_PRECISION, False,
                                   BT, BK, BV)
         if any_nonfinite(acc):  # the causal form, as below
-            acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, s0_ptr, s0_strides, b_strides,
+            acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides,
                                       c_strides, v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL,
                                       DOT_PRECISION, True, BT, BK, BV)
     else:

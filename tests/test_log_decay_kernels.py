@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import leettriton
 from leettriton import reference
@@ -77,6 +78,24 @@ def test_16_bit_inputs_within_their_tolerance(method, dtype):
     terms, terms_state = reference(*m, log_decay=a, initial_state=s0.abs(), return_state=True)
     assert_close(out, ref, tolerance(dtype), f"{method} {dtype}", terms=terms)
     assert_close(state, ref_state, tolerance(dtype), f"{method} {dtype} state", terms=terms_state)
+
+
+@settings(max_examples=6, deadline=None)
+@given(method=st.sampled_from(METHODS), n=st.integers(1, 140), r=st.integers(1, 9), d=st.integers(1, 9),
+       strength=st.sampled_from([0.0, 0.5, 20.0]), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       initial=st.booleans(), seed=st.integers(0, 1000))
+def test_kernels_match_the_oracle_over_shapes(method, n, r, d, strength, dtype, initial, seed):
+    b, c, v, a = _inputs(1, 2, n, r, d, "bhnd", dtype, seed, strength)
+    s0 = torch.randn(1, 2, r, d, generator=torch.Generator().manual_seed(seed)).to(DEVICE) if initial else None
+    out, state = leettriton.linear_attention(b, c, v, log_decay=a, method=method, initial_state=s0,
+                                             return_state=True)
+    f = [x.float() for x in (b, c, v)]
+    m = [x.abs() for x in f]
+    ref, ref_state = reference(*f, log_decay=a, initial_state=s0, return_state=True)
+    terms, terms_state = reference(*m, log_decay=a, initial_state=None if s0 is None else s0.abs(), return_state=True)
+    assert out.dtype == dtype
+    assert_close(out, ref, tolerance(dtype), method, terms=terms)
+    assert_close(state, ref_state, tolerance(dtype), f"{method} state", terms=terms_state)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -74,6 +74,11 @@ Offsets across batch·heads and segments are 64-bit; inside one segment they are
 32-bit (its rows times the row stride below 2^31 elements).  Every decay is
 exp2(λ · distance) with distance ≥ 0, every factor in (0, 1]; nothing is
 divided by a decay.
+
+With a per-token decay (``PER_TOKEN_DECAY``, docs/design.md §1.6, §3.7) the combine takes each row's own
+factor: per block L[i, j] = exp2(G_i − G_j), the carry into row i exp2(G_i), G the block's prefix sums
+of a · log2 e (kernels/token_decay.py), and the segments' states come from the per-token segment kernels.
+Without the flag none of this is compiled.
 """
 from __future__ import annotations
 

@@ -52,6 +52,11 @@ Offsets across batch·heads are 64-bit; inside one (batch, head) sequence they
 are 32-bit, like the other kernels' (n times the row stride below 2^31 elements).
 Every decay is exp2(λ · distance) with distance ≥ 0; a state is only ever
 multiplied by γ^h, never divided.
+
+With a per-token decay (``PER_TOKEN_DECAY``, docs/design.md §1.6, §3.8) every decay is taken relative to a
+segment boundary: the leaf states and each leaf's decay sum come from the per-token segment-state kernel
+(kernels/token_decay.py), a tree of sums (one row per level) lies beside the state tree, and the leaf
+is vanilla's per-token tile.  Without the flag none of this is compiled.
 """
 from __future__ import annotations
 

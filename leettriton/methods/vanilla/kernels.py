@@ -6,6 +6,11 @@ built from relative positions, then O += scores V_j, all accumulated in fp32.
 The initial state adds γ^(i+1) B_i S₀; the final state comes from the shared
 segment-state kernel over the whole sequence (the quadratic form has no state).
 Cost O(n² (r + d)): it wins only for very short sequences.
+
+With a per-token decay (``PER_TOKEN_DECAY``, docs/design.md §1.6, §3.1) the tile's keys decay by sums of
+nearby decays (kernels/token_decay.py): the diagonal tile by its own prefix sums, the earlier key tiles,
+walked from the diagonal backwards, by the sums of the tiles between; the final state comes from the
+per-token segment-state kernel.  Without the flag none of this is compiled.
 """
 from __future__ import annotations
 

@@ -82,8 +82,9 @@ def test_16_bit_inputs_within_their_tolerance(method, dtype):
 
 @settings(max_examples=6, deadline=None)
 @given(method=st.sampled_from(METHODS), n=st.integers(1, 140), r=st.integers(1, 9), d=st.integers(1, 9),
-       strength=st.sampled_from([0.0, 0.5, 20.0]), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
-       initial=st.booleans(), seed=st.integers(0, 1000))
+       strength=st.sampled_from([0.0, 0.5, 20.0]),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), initial=st.booleans(),
+       seed=st.integers(0, 1000))
 def test_kernels_match_the_oracle_over_shapes(method, n, r, d, strength, dtype, initial, seed):
     b, c, v, a = _inputs(1, 2, n, r, d, "bhnd", dtype, seed, strength)
     s0 = torch.randn(1, 2, r, d, generator=torch.Generator().manual_seed(seed)).to(DEVICE) if initial else None

@@ -75,8 +75,8 @@ from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state, segment_local_states
-from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero, tile_tail,
-                                    token_final_state, token_local_states, token_masked_product)
+from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero,
+                                    tile_tail, token_final_state, token_local_states, token_masked_product)
 
 
 # the level kernel rewrites the tree in place: the autotuner must restore it between its trial runs
@@ -128,13 +128,14 @@ def _leaf_tile(p_b, p_c, p_v, b_strides, c_strides, v_strides, leaf, i_t, o_i, o
 
 
 @triton.jit
-def _leaf_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, b_strides, c_strides, v_strides, leaf, i_t, o_i, o_v, N, R,
-                     D, LEAF, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr, BJ: tl.constexpr,
-                     BK: tl.constexpr, BV: tl.constexpr):
+def _leaf_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, b_strides, c_strides, v_strides, leaf, i_t, o_i, o_v,
+                     N, R, D, LEAF, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr,
+                     BJ: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """:func:`_leaf_tile` with a per-token decay (docs/design.md §1.6), as vanilla's tile: ``b_g`` + ``b_gl``
-    hold G_i, the tile's prefix sums of a · log2 e in two parts (kernels/token_decay.py, ``prefix_sums``).  Key tiles inside the output tile (BJ divides BT) decay key j by
-    G_i − G_j (G_j picked out of ``b_g``); the leaf's earlier key tiles, walked backwards, by G_i + the sums of
-    the key tiles between + tail_j.  Returns the tile and Σ a · log2 e over the leaf's rows before the tile."""
+    hold G_i, the tile's prefix sums of a · log2 e in two parts (kernels/token_decay.py, ``prefix_sums``).
+    Key tiles inside the output tile (BJ divides BT) decay key j by G_i − G_j (G_j picked out of the tile's
+    sums); the leaf's earlier key tiles, walked backwards, by G_i + the sums of the key tiles between +
+    tail_j.  Returns the tile and Σ a · log2 e over the leaf's rows before the tile."""
     acc = tl.zeros([BT, BV], dtype=tl.float32)
     i0 = i_t * BT
     o_r = tl.arange(0, BT)
@@ -203,8 +204,8 @@ def _recursion_fwd_kernel(
                 if HAS_INITIAL:
                     b_s0 = load_tile(p_s0, k0 + o_k, o_v, s0_strides[2], s0_strides[3], R, D)
                     b_s += b_s0 * tl.exp2(gap)
-                b_bi = load_tile(p_b, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R).to(tl.float32) * row_decay[:, None]
-                acc += mma(b_bi, b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+                b_bi = load_tile(p_b, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R).to(tl.float32)
+                acc += mma(b_bi * row_decay[:, None], b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
     else:
         # the leaf: dense decayed product over its key blocks up to the tile's last row; where it holds a
         # non-finite entry, again in the causal form, so that a non-finite value reaches later rows only

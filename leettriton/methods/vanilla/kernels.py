@@ -26,8 +26,8 @@ from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state
-from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero, tile_tail,
-                                    token_final_state, token_masked_product)
+from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero,
+                                    tile_tail, token_final_state, token_masked_product)
 
 _KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "PER_TOKEN_DECAY"]
 
@@ -58,8 +58,8 @@ def _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_str
 
 
 @triton.jit
-def _vanilla_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b,
-                        i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+def _vanilla_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
+                        i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         CAUSAL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """:func:`_vanilla_tile` with a per-token decay (docs/design.md §1.6); ``b_g`` + ``b_gl``: G_i, the tile's
     prefix sums of a · log2 e up to each row, in two parts (kernels/token_decay.py, ``prefix_sums``).

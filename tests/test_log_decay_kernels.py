@@ -192,3 +192,20 @@ def test_gradients_match_float64_autograd_through_the_oracle(method, layout):
     for name, x, y in zip(("b", "c", "v", "initial_state", "log_decay"), _grads(ours, inputs), _grads(oracle, inputs)):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert_close(x, y.double(), 1e-5, f"{method} d{name}")
+
+
+def test_recursion_with_key_tiles_narrower_than_its_output_tiles():
+    """The GPU's recursion tiles (BT 128 rows, key tiles BJ of 64): the key tiles inside an output tile take
+    their prefix sums out of the tile's own; 300 rows are three leaves of 128 (two levels)."""
+    from leettriton.plan import run_problem
+    from leettriton.problem import make_problem
+
+    B, H, n, r, d = 1, 2, 300, 6, 5
+    b, c, v, a = _inputs(B, H, n, r, d, "bhnd", seed=13, strength=20.0)
+    a[0, 0, 100:] = -1e-3   # strong, then weak: inside one output tile
+    s0 = torch.randn(B, H, r, d, generator=torch.Generator().manual_seed(14)).to(DEVICE)
+    p, out = make_problem(b, c, v, None, initial_state=s0, return_state=True, log_decay=a)
+    run_problem(p, "recursion", {"recursion.fwd": dict(BT=128, BJ=64, BK=32, BV=64, num_warps=8, num_stages=2)})
+    ref, ref_state = reference(b, c, v, log_decay=a, initial_state=s0, return_state=True)
+    assert_close(out, ref, tolerance(torch.float32), "recursion output")
+    assert_close(p.state, ref_state, tolerance(torch.float32), "recursion state")

@@ -18,7 +18,7 @@ import leettriton
 from leettriton import reference
 from leettriton.reference import tolerance
 
-from conftest import DEVICE
+from conftest import DEVICE, HAS_GPU
 from helpers import assert_close
 
 METHODS = ["vanilla", "recursion", "fleet_attention"]
@@ -209,3 +209,18 @@ def test_recursion_with_key_tiles_narrower_than_its_output_tiles():
     ref, ref_state = reference(b, c, v, log_decay=a, initial_state=s0, return_state=True)
     assert_close(out, ref, tolerance(torch.float32), "recursion output")
     assert_close(p.state, ref_state, tolerance(torch.float32), "recursion state")
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="a sequence of 10⁵ tokens runs on the GPU only")
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("strength", [20.0, 1e-6])
+def test_long_sequences_stay_finite_and_within_tolerance(method, strength):
+    """n = 100 000 with strong decay and with a ≈ 0: finite, within float16's tolerance, the state in float32."""
+    b, c, v, a = _inputs(1, 2, 100_000, 16, 16, "bhnd", torch.float16, seed=15, strength=strength)
+    b, c = b * 0.1, c * 0.1
+    out, state = leettriton.linear_attention(b, c, v, log_decay=a, method=method, return_state=True)
+    f = [x.float() for x in (b, c, v)]
+    ref, ref_state = reference(*f, log_decay=a, return_state=True)
+    terms, terms_state = reference(*[x.abs() for x in f], log_decay=a, return_state=True)
+    assert_close(out, ref, tolerance(torch.float16), f"{method} output", terms=terms)
+    assert_close(state, ref_state, tolerance(torch.float16), f"{method} state", terms=terms_state)

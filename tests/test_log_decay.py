@@ -22,7 +22,6 @@ from helpers import assert_close
 TWINS = ["vanilla_torch", "causal_dot_product_torch", "lightning_attention_torch", "block_based_torch",
          "recursion_torch", "fleet_attention_torch"]
 KERNELS = ["causal_dot_product", "auto"]
-UNSUPPORTED = ["vanilla", "recursion", "fleet_attention"]
 
 
 def _inputs(B, H, n, r, d, layout, dtype=torch.float32, seed=0, strength=20.0, strided=False):
@@ -162,10 +161,15 @@ def test_errors():
         leettriton.linear_attention(b, c, v, log_decay=a.double())
     with pytest.raises(TypeError, match="log_decay must be None or a torch.Tensor"):
         leettriton.linear_attention(b, c, v, log_decay=-0.1)
-    for method in UNSUPPORTED:
-        with pytest.raises(NotImplementedError, match=rf"method '{method}' does not support a per-token decay.*"
-                                                      r"'causal_dot_product'.*'vanilla_torch'"):
-            leettriton.linear_attention(b, c, v, log_decay=a, method=method)
+    # every built-in method takes it; a user method (whose contract has no such argument) is refused
+    assert set(leettriton.registry.BUILTIN_METHODS) <= set(leettriton.registry.per_token_methods())
+    leettriton.register_method("plain_user_method", lambda b, c, v, gamma: None)
+    try:
+        with pytest.raises(NotImplementedError, match=r"method 'plain_user_method' does not support a per-token "
+                                                      r"decay.*'causal_dot_product'.*'vanilla_torch'"):
+            leettriton.linear_attention(b, c, v, log_decay=a, method="plain_user_method")
+    finally:
+        leettriton.registry.unregister_method("plain_user_method")
     with pytest.raises(ValueError, match=r"log_decay must have shape \(batch, heads\) = \(1, 2\), got shape"):
         leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], torch.zeros(1, 2, 3, 3, device=DEVICE),
                                log_decay=a)

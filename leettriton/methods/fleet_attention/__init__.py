@@ -5,6 +5,7 @@ table of its kernels per GPU family, and its schedule rule).
 """
 from ...torch_methods import fleet_attention_torch
 from ...kernels import segments_space as SEGMENTS
+from ...kernels import token_decay as TOKEN
 from ..spec import Method
 from . import space
 from .kernels import fleet_attention_fwd
@@ -12,8 +13,9 @@ from .kernels import fleet_attention_fwd
 METHOD = Method(
     name="fleet_attention",
     launch=fleet_attention_fwd,
-    spaces=(space.FWD, SEGMENTS.STATE, SEGMENTS.SCAN),
+    spaces=(space.FWD, SEGMENTS.STATE, SEGMENTS.SCAN, TOKEN.STATE, TOKEN.SCAN),
     torch_twin=fleet_attention_torch,
     schedule=space.schedule,
     runs_reversed=True,
+    per_token_decay=True,
 )

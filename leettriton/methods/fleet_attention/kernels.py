@@ -74,6 +74,11 @@ Offsets across batch·heads and segments are 64-bit; inside one segment they are
 32-bit (its rows times the row stride below 2^31 elements).  Every decay is
 exp2(λ · distance) with distance ≥ 0, every factor in (0, 1]; nothing is
 divided by a decay.
+
+With a per-token decay (``PER_TOKEN_DECAY``, docs/design.md §1.6, §3.7) the combine takes each row's own
+factor: per block L[i, j] = exp2(G_i − G_j), the carry into row i exp2(G_i), G the block's prefix sums
+of a · log2 e (kernels/token_decay.py), and the segments' states come from the per-token segment kernels.
+Without the flag none of this is compiled.
 """
 from __future__ import annotations
 
@@ -87,10 +92,11 @@ from ...autotune import autotune, launch
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, causal_decay, decay, float16_tile_scale, head_log2_gamma,
-                            head_ptrs, mma, nonfinite, problem_args, round_to)
+                            head_ptr, head_ptrs, mma, nonfinite, problem_args, round_to)
 from ...kernels.segments import segment_start_states
+from ...kernels.token_decay import decay_args, log2_decays, pair_exponents, prefix_sums, tile_tail, token_start_states
 
-_KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION"]
+_KEY = ["R", "D", "HAS_DECAY", "DOT_PRECISION", "PER_TOKEN_DECAY"]
 
 
 @triton.jit
@@ -166,7 +172,7 @@ def _block_out(b_l, b_first, b_v, p_b, p_c, p_ws, o_t, m_t, o_r, o_v, m_v, strid
 def _fleet_attention_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ws_ptr, SEG, NS,
+    ws_ptr, SEG, NS, a_ptr, a_strides, PER_TOKEN_DECAY: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     IN_DTYPE: tl.constexpr = v_ptr.dtype.element_ty
@@ -193,15 +199,28 @@ def _fleet_attention_fwd_kernel(
     # this program's [R, BV] slice of the state (row k = the carry of h_k): the segment's start
     # state, then the end state of each block
     p_ws = ws_ptr + (i_bh * NS + i_s).to(tl.int64) * R * D
-    # the block's decays, all exp2(λ·distance) with distance ≥ 0, built once per program
-    b_l = _operand(causal_decay(lam, o_r, o_r, HAS_DECAY), IN_DTYPE)   # [BT, BT]: γ^(i−j), i ≥ j
-    b_first = decay(lam, o_r + 1, HAS_DECAY)                            # γ^(i+1): the carry into row i
-    b_w = decay(lam, BT - 1 - o_r, HAS_DECAY)                           # γ^(BT−1−j): row j into the end state
-    block_decay = tl.exp2(lam * BT)                                     # γ^BT (1 without decay: λ = 0)
+    if PER_TOKEN_DECAY:
+        # the per-token decay a_t (docs/design.md §1.6): the block's decays are built per block below
+        p_a = head_ptr(a_ptr, a_strides, i_b, i_h) + t_start64 * a_strides[2]
+    else:
+        # the block's decays, all exp2(λ·distance) with distance ≥ 0, built once per program
+        b_l = _operand(causal_decay(lam, o_r, o_r, HAS_DECAY), IN_DTYPE)   # [BT, BT]: γ^(i−j), i ≥ j
+        b_first = decay(lam, o_r + 1, HAS_DECAY)                            # γ^(i+1): the carry into row i
+        b_w = decay(lam, BT - 1 - o_r, HAS_DECAY)                           # γ^(BT−1−j): row j into the end state
+        block_decay = tl.exp2(lam * BT)                                     # γ^BT (1 without decay: λ = 0)
     for t0 in range(0, seg_rows, BT):
         o_t = t0 + o_r
         m_t = o_t < seg_rows
         m_tv = m_t[:, None] & m_v[None, :]
+        if PER_TOKEN_DECAY:
+            # G_i: the block's prefix sums of a · log2 e; L[i, j] = exp2(G_i − G_j) for i ≥ j (selected; a
+            # rounding above 0 taken as 0), the carry into row i exp2(G_i); a bad a_k is NaN from row k on
+            b_a = log2_decays(p_a, a_strides[2], o_t, seg_rows)
+            b_g, b_gl = prefix_sums(b_a)   # in two parts (kernels/token_decay.py)
+            b_e = pair_exponents(b_g, b_gl, b_g, b_gl)
+            b_l = _operand(tl.where(o_r[:, None] >= o_r[None, :], tl.exp2(tl.where(b_e > 0.0, 0.0, b_e)), 0.0),
+                           IN_DTYPE)
+            b_first = tl.exp2(b_g)
         b_v = _operand(tl.load(p_v + o_t[:, None] * stride_vn + o_v[None, :] * stride_vd, mask=m_tv, other=0.0),
                        IN_DTYPE)
         acc = _block_out(b_l, b_first, b_v, p_b, p_c, p_ws, o_t, m_t, o_r, o_v, m_v, stride_bn, stride_bk, stride_cn,
@@ -217,6 +236,9 @@ def _fleet_attention_fwd_kernel(
         # goes on v, so its rounding (float16 inputs) is the same for every rank, and c stays
         # exact.  The last block of the segment (the only one that may be cut short) has no next block.
         if t0 + BT < seg_rows:
+            if PER_TOKEN_DECAY:  # row j into the end state by its tail, the carries by the block's sum
+                b_w = tl.exp2(tile_tail(p_a, a_strides[2], o_t, seg_rows, BT))
+                block_decay = tl.exp2(tl.sum(b_a, axis=0))
             b_vw = _operand(b_v.to(tl.float32) * b_w[:, None], IN_DTYPE)      # [BT, BV]
             for k0 in range(0, R, BK):
                 o_kk = k0 + o_k
@@ -242,11 +264,15 @@ def fleet_attention_fwd(p: Problem, plan: Plan) -> None:
     ns = cdiv(n, seg_len)
     if ns > 1 or p.state is not None:
         # start state of every segment (the carries to begin from), and the final state
-        ws = segment_start_states(p, seg_len, config)
+        if p.log_decay is not None:
+            ws = token_start_states(p, seg_len, config)
+        else:
+            ws = segment_start_states(p, seg_len, config)
     elif p.initial_state is not None:
         ws = p.initial_state.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     else:
         ws = torch.zeros((B, H, r, d), dtype=torch.float32, device=p.v.device)
     args = problem_args(p)
+    args.update(decay_args(p))
     grid = lambda meta: (cdiv(d, meta["BV"]), ns, B * H)  # noqa: E731
     launch(_fleet_attention_fwd_kernel, grid, fwd_config, **args, ws_ptr=ws, SEG=seg_len, NS=ns)

@@ -59,6 +59,10 @@ def _fwd_fits(cfg, args) -> bool:
         return False
     # output tile, scores, b slice as a float32 operand
     held = bt * bv + bt * bj + bt * bk
+    if args.get("PER_TOKEN_DECAY"):
+        # the per-token decay's [BT, BJ] exponents and decays beside the scores (compiled for sm_90: only
+        # the configs within the bound with these two tiles counted compile without spills)
+        held += 2 * bt * bj
     if elem_bytes(args) == 4 and args.get("DOT_PRECISION") == "ieee":
         # float32 products on CUDA cores hold both operands in registers: measured, only
         # ≤ 8192 such values in 8 warps compile without spills on both sm_80 and sm_90

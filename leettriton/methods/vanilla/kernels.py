@@ -6,6 +6,11 @@ built from relative positions, then O += scores V_j, all accumulated in fp32.
 The initial state adds γ^(i+1) B_i S₀; the final state comes from the shared
 segment-state kernel over the whole sequence (the quadratic form has no state).
 Cost O(n² (r + d)): it wins only for very short sequences.
+
+With a per-token decay (``PER_TOKEN_DECAY``, docs/design.md §1.6, §3.1) the tile's keys decay by sums of
+nearby decays (kernels/token_decay.py): the diagonal tile by its own prefix sums, the earlier key tiles,
+walked from the diagonal backwards, by the sums of the tiles between; the final state comes from the
+per-token segment-state kernel.  Without the flag none of this is compiled.
 """
 from __future__ import annotations
 
@@ -21,8 +26,10 @@ from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state
+from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero,
+                                    tile_tail, token_final_state, token_masked_product)
 
-_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION"]
+_KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "DOT_PRECISION", "PER_TOKEN_DECAY"]
 
 
 @triton.jit
@@ -50,11 +57,47 @@ def _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_str
     return acc
 
 
+@triton.jit
+def _vanilla_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
+                        i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        CAUSAL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """:func:`_vanilla_tile` with a per-token decay (docs/design.md §1.6); ``b_g`` + ``b_gl``: G_i, the tile's
+    prefix sums of a · log2 e up to each row, in two parts (kernels/token_decay.py, ``prefix_sums``).
+
+    The diagonal tile decays key j by G_i − G_j; then the key tiles from the diagonal backwards, key j of
+    tile J by G_i + (the sums of the tiles between J and this one) + tail_j: every exponent a sum of nearby
+    terms, ≤ 0.  The initial state reaches row i decayed by G_i + the sums of every earlier tile."""
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    acc = token_masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_i, o_v,
+                               pair_exponents(b_g, b_gl, b_g, b_gl), N, R, D, DOT_PRECISION, BK, CAUSAL)
+    between = scalar_zero()  # Σ a · log2 e over the tiles between key tile J and this one
+    o_r = tl.arange(0, BT)
+    for m in range(0, i_t):
+        o_j = (i_t - 1 - m) * BT + o_r
+        b_a = log2_decays(p_a, a_stride, o_j, N)
+        b_tail = tile_tail(p_a, a_stride, o_j, N, BT) + poison(b_a)
+        acc = token_masked_product(acc, p_b, p_c, p_v, b_strides, c_strides, v_strides, o_i, o_j, o_v,
+                                   (b_g + between)[:, None] + b_tail[None, :], N, R, D, DOT_PRECISION, BK, CAUSAL)
+        between += tl.sum(b_a, axis=0)
+
+    if HAS_INITIAL:
+        # exp(a_0 + … + a_i) b_i S₀
+        o_k = tl.arange(0, BK)
+        p_s0 = head_ptr(s0_ptr, s0_strides, i_b, i_h)
+        row_decay = tl.exp2(b_g + between)
+        for k0 in range(0, R, BK):
+            b_bi = load_tile(p_b, o_i, k0 + o_k, b_strides[2], b_strides[3], N, R).to(tl.float32)
+            b_s = load_tile(p_s0, k0 + o_k, o_v, s0_strides[2], s0_strides[3], R, D)
+            acc += mma(b_bi * row_decay[:, None], b_s, DOT_PRECISION)  # [BT, BK] @ [BK, BV]
+    return acc
+
+
 @autotune(spaces.FWD, key=_KEY)
 @triton.jit(do_not_specialize=["N"])
 def _vanilla_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    a_ptr, a_strides, PER_TOKEN_DECAY: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # batch·heads·row tiles on the grid's first axis (the others are limited to 65535);
@@ -69,13 +112,24 @@ def _vanilla_fwd_kernel(
 
     o_i = i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
-    acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i, o_v,
-                        lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, False, BT, BK, BV)
-    # a non-finite entry: the tile again in the causal form, so that a non-finite value reaches later rows
-    # only (docs/nonfinite.md); one check per tile on other inputs
-    if any_nonfinite(acc):
+    if PER_TOKEN_DECAY:  # the per-token decay a_t of this batch element and head (docs/design.md §1.6)
+        p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
+        b_g, b_gl = prefix_sums(log2_decays(p_a, a_strides[2], o_i, N))
+        acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides,
+                                  v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL, DOT_PRECISION, False,
+                                  BT, BK, BV)
+        if any_nonfinite(acc):  # the causal form, as below
+            acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides,
+                                      c_strides, v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL,
+                                      DOT_PRECISION, True, BT, BK, BV)
+    else:
         acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i,
-                            o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, True, BT, BK, BV)
+                            o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, False, BT, BK, BV)
+        # a non-finite entry: the tile again in the causal form, so that a non-finite value reaches later rows
+        # only (docs/nonfinite.md); one check per tile on other inputs
+        if any_nonfinite(acc):
+            acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t,
+                                o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, True, BT, BK, BV)
     store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 
@@ -83,7 +137,11 @@ def vanilla_fwd(p: Problem, plan: Plan) -> None:
     """Launch the vanilla kernels for ``p`` with the plan's configs."""
     B, H, n, r, d = p.shape
     args = problem_args(p)
+    args.update(decay_args(p))
     fwd_grid = lambda meta: (B * H * cdiv(n, meta["BT"]), cdiv(d, meta["BV"]))  # noqa: E731
     launch(_vanilla_fwd_kernel, fwd_grid, plan.config(spaces.FWD), **args)
     if p.state is not None:
-        final_state(p, plan.configs)
+        if p.log_decay is not None:
+            token_final_state(p, plan.configs)
+        else:
+            final_state(p, plan.configs)

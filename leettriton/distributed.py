@@ -40,7 +40,7 @@ from .methods.block_based.kernels import walk_segments
 from .methods.block_based.space import segmenting, state_pieces
 from .kernels.walk import WALK_MAX_R
 from .plan import resolve, run_problem
-from .problem import DTYPES, LAYOUTS, Problem, check_state, log2_gamma64, make_problem, requires_grad
+from .problem import DTYPES, LAYOUTS, Problem, check_state, expand_heads, log2_gamma64, make_problem, requires_grad
 
 __all__ = ["linear_attention", "simulate", "start_weights", "slice_weights", "suffix_decay", "combine_states",
            "combine_state_grads", "slice_state", "local_pass"]
@@ -486,7 +486,8 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
         return state.copy_(p.initial_state) if p.initial_state is not None else state.zero_()
     if p.log_decay is not None:
         after = suffix_decay(p.log_decay)                                               # (B, H, n) float64
-        state.copy_((p.c.float() * torch.exp(after).float()[..., None]).transpose(-1, -2) @ p.v.float())
+        cc, vv = expand_heads(p.c.float(), H), expand_heads(p.v.float(), H)       # grouped heads: §1.7
+        state.copy_((cc * torch.exp(after).float()[..., None]).transpose(-1, -2) @ vv)
         if p.initial_state is not None:
             total = torch.exp(after[..., :1] + p.log_decay[..., :1].double()).float()    # exp(a_0 + … + a_{n−1})
             state += total[..., None] * p.initial_state
@@ -501,11 +502,11 @@ def slice_state(p: Problem, name: str = "auto") -> torch.Tensor:
         return state
     # PyTorch: float32 products, decays exp2(λ · (n − 1 − t)) from λ in float64
     t = torch.arange(n, dtype=torch.float64, device=p.v.device)
-    cc = p.c.float()
+    cc, vv = expand_heads(p.c.float(), H), expand_heads(p.v.float(), H)           # grouped heads: §1.7
     if p.gamma is not None:
         lam = log2_gamma64(p.gamma)
         cc = cc * torch.exp2(lam[:, None] * (n - 1 - t)).float()[None, :, :, None]
-    state.copy_(cc.transpose(-1, -2) @ p.v.float())
+    state.copy_(cc.transpose(-1, -2) @ vv)
     if p.initial_state is not None:
         total = 1.0 if p.gamma is None else torch.exp2(lam * n).float().view(1, H, 1, 1)
         state += total * p.initial_state
@@ -668,8 +669,10 @@ def _slice_state_backward(ctx, grad):
     PyTorch products in float32, decays from float64 exponents."""
     c, v, gamma, s0, log_decay = ctx.saved_tensors
     to_bhnd = (lambda x: x) if ctx.layout == "bhnd" else (lambda x: x.transpose(1, 2))
-    cc, vv = to_bhnd(c).float(), to_bhnd(v).float()
-    H, n = vv.shape[1], vv.shape[2]
+    H = grad.shape[1]
+    # grouped heads (§1.7): per output head here, each shared tensor's gradient summed over its group below
+    cc, vv = expand_heads(to_bhnd(c).float(), H), expand_heads(to_bhnd(v).float(), H)
+    n = vv.shape[2]
     lam = _lambda(gamma, ctx.gamma_value, H, vv.device)
     dc = vv @ grad.transpose(-1, -2)
     dv = cc @ grad
@@ -694,7 +697,8 @@ def _slice_state_backward(ctx, grad):
     elif ctx.has_initial:
         ds0 = grad.clone()
     back = (lambda x: x) if ctx.layout == "bhnd" else (lambda x: x.transpose(1, 2))
-    return None, back(dc).to(c.dtype), back(dv).to(v.dtype), None, None, ds0, None, None, None, da
+    dc, dv = back(group_sum(dc, to_bhnd(c), "bhnd")), back(group_sum(dv, to_bhnd(v), "bhnd"))
+    return None, dc.to(c.dtype), dv.to(v.dtype), None, None, ds0, None, None, None, da
 
 
 _slice_state_op.register_autograd(_slice_state_backward, setup_context=_slice_state_setup)
@@ -745,7 +749,8 @@ def _composed(dist, group, rank: int, world: int, b, c, v, gamma, method, layout
 
     if group is None:
         group = dist.group.WORLD
-    heads = v.shape[1] if layout == "bhnd" else v.shape[2]
+    axis = 1 if layout == "bhnd" else 2
+    heads = max(b.shape[axis], v.shape[axis])                           # the output's heads (grouped: §1.7)
     n = v.shape[2] if layout == "bhnd" else v.shape[1]
     g_t, g_f = ops.split_gamma(gamma, heads, v.device)
     if g_t is not None and g_t.requires_grad:

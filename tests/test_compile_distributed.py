@@ -28,18 +28,22 @@ WORLD = 2
 LENGTHS = (7, 6)
 B, H, R, D = 1, 2, 4, 3
 PER_TOKEN = "log_decay"
-CASES = {   # name: (method, layout, gamma (or PER_TOKEN), initial state, compiled)
-    "compiled-torch-twin-gamma-tensor-initial": ("lightning_attention_torch", "bhnd", (0.8, 0.95), True, True),
-    "compiled-triton-bnhd-float-gamma": ("lightning_attention", "bnhd", 0.9, False, True),
-    "per-token-eager-initial": ("causal_dot_product_torch", "bhnd", PER_TOKEN, True, False),
-    "per-token-compiled-triton-bnhd": ("causal_dot_product", "bnhd", PER_TOKEN, True, True),
+CASES = {   # name: (method, layout, gamma (or PER_TOKEN), initial state, compiled, heads of b and c)
+    "compiled-torch-twin-gamma-tensor-initial": ("lightning_attention_torch", "bhnd", (0.8, 0.95), True, True, H),
+    "compiled-triton-bnhd-float-gamma": ("lightning_attention", "bnhd", 0.9, False, True, H),
+    "per-token-eager-initial": ("causal_dot_product_torch", "bhnd", PER_TOKEN, True, False, H),
+    "per-token-compiled-triton-bnhd": ("causal_dot_product", "bnhd", PER_TOKEN, True, True, H),
+    # b and c shared by the two heads (grouped heads, docs/semantics.md §1.7)
+    "per-token-grouped-eager-triton": ("vanilla", "bhnd", PER_TOKEN, True, False, 1),
+    "compiled-grouped-bnhd-gamma": ("lightning_attention_torch", "bnhd", 0.9, True, True, 1),
 }
 
 
-def _inputs(layout: str, gamma, initial: bool):
+def _inputs(layout: str, gamma, initial: bool, bc_heads: int):
     g = torch.Generator().manual_seed(7)
     n = sum(LENGTHS)
-    b, c, v = (torch.randn(B, H, n, w, generator=g) for w in (R, R, D))
+    b, c = (torch.randn(B, bc_heads, n, R, generator=g) for _ in range(2))
+    v = torch.randn(B, H, n, D, generator=g)
     w_out = torch.randn(B, H, n, D, generator=g)
     w_state = torch.randn(B, H, R, D, generator=g)
     s0 = torch.randn(B, H, R, D, generator=g) if initial else None
@@ -79,8 +83,8 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
                             timeout=datetime.timedelta(seconds=60))
     results = {}
     try:
-        for name, (method, layout, gamma, initial, compiled) in CASES.items():
-            b, c, v, gamma_t, s0, w_out, w_state, a = _inputs(layout, gamma, initial)
+        for name, (method, layout, gamma, initial, compiled, bc_heads) in CASES.items():
+            b, c, v, gamma_t, s0, w_out, w_state, a = _inputs(layout, gamma, initial, bc_heads)
             mine = [_rows(x, rank, layout).clone().requires_grad_(True) for x in (b, c, v)]
             a_k = _rows_3(a, rank, layout).clone().requires_grad_(True) if a is not None else None
             s0 = s0.clone().requires_grad_(True) if s0 is not None else None
@@ -117,10 +121,10 @@ def ranks():
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_compiled_training_step_matches_oracle(ranks, name):
-    method, layout, gamma, initial, compiled = CASES[name]
+    method, layout, gamma, initial, compiled, bc_heads = CASES[name]
     for k, got in enumerate(ranks):
         assert "error" not in got, f"rank {k}: {got.get('error')}"
-    b, c, v, gamma_t, s0, w_out, w_state, a = _inputs(layout, gamma, initial)
+    b, c, v, gamma_t, s0, w_out, w_state, a = _inputs(layout, gamma, initial, bc_heads)
     a_leaf = a.clone().requires_grad_(True) if a is not None else None
     # the oracle computes in float64 from float32 leaves (so float32 gradients)
     leaves = [x.clone().requires_grad_(True) for x in (b, c, v)]

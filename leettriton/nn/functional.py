@@ -21,7 +21,7 @@ from ..ops import is_compiling
 from .fused import rotary, uses_kernels
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
-           "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index", "to_heads"]
+           "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index"]
 
 
 def _one_plus_elu(x):
@@ -166,7 +166,8 @@ def decay_tensor(gammas: Sequence[float], cache: dict, device: torch.device) -> 
 def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: Optional[torch.Tensor], *, method: str,
            precision: Optional[str], cache: Optional[LinearAttentionCache], layer_idx: Optional[int],
            log_decay: Optional[torch.Tensor] = None, conv_state: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """O = (B Cᵀ ⊙ M) V for ``(batch, n, heads, dim)`` inputs, continuing from the cache's state if given.
+    """O = (B Cᵀ ⊙ M) V for ``(batch, n, heads, dim)`` inputs, continuing from the cache's state if given; b, c
+    and v may have fewer heads than the output, each dividing its count (grouped heads, docs/design.md §1.7).
 
     The decay is ``gamma`` per head or ``log_decay`` ``(batch, n, heads)`` per token (docs/design.md §1.6).
     Without a cache: one ``linear_attention`` call.  With one: a one-token call on a layer that already
@@ -182,8 +183,8 @@ def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: Optional[to
                                     log_decay=log_decay)
     entry = cache.layer(layer_idx)
     state = entry.state
-    B, n, H, r = b.shape
-    d = v.shape[-1]
+    B, n, _, r = b.shape
+    H, d = max(b.shape[2], v.shape[2]), v.shape[-1]      # the output's heads (grouped heads: docs/design.md §1.7)
     if state is not None and tuple(state.shape) != (B, H, r, d):
         raise ValueError(f"cache layer {layer_idx} holds a state of shape {tuple(state.shape)}, but this layer needs "
                          f"(batch, heads, r, d) = {(B, H, r, d)}: a cache of another model or of another batch")
@@ -197,22 +198,6 @@ def attend(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: Optional[to
     cache.update(layer_idx, state, n, conv_state)
     return o
 
-
-def to_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """``x`` ``(..., groups, dim)`` shared by groups of heads → ``(..., heads, dim)``: head h reads group
-    h // (heads / groups), as Mamba-2's B and C and grouped key/value heads are laid out.
-
-    The stand-in until the operator reads grouped heads itself: one group is a stride-0 view (no copy),
-    more groups are copied.  A layer calls this in one place, so reading the groups natively is a one-line
-    change there.
-    """
-    groups = x.shape[-2]
-    if groups == heads:
-        return x
-    if groups == 1:
-        return x.expand(*x.shape[:-2], heads, x.shape[-1])
-    shape = x.shape
-    return x.unsqueeze(-2).expand(*shape[:-1], heads // groups, shape[-1]).reshape(*shape[:-2], heads, shape[-1])
 
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch import nn
 from .. import registry
 from .cache import LinearAttentionCache
 from .conv import ShortConvolution
-from .functional import activation, attend, check_attention_mask, check_hidden, check_method, to_heads
+from .functional import activation, attend, check_attention_mask, check_hidden, check_method
 
 __all__ = ["Mamba2", "GatedRMSNorm"]
 
@@ -197,8 +197,8 @@ class Mamba2(nn.Module):
         if mask is not None:
             log_decay = log_decay * mask.float()                                   # a padded token: no decay
         v = (xs.float() * dt[..., None]).to(x.dtype)
-        b = to_heads(Cm.unflatten(-1, (G, N)), H)                                  # [B, n, H, N]
-        c = to_heads(Bm.unflatten(-1, (G, N)), H)
+        b = Cm.unflatten(-1, (G, N))            # [B, n, G, N]: groups of heads share B and C (§1.7), read in place
+        c = Bm.unflatten(-1, (G, N))
         o = attend(b, c, v, None, method=self.method, precision=self.precision, cache=cache,
                    layer_idx=self.layer_idx, log_decay=log_decay, conv_state=conv_state)
 

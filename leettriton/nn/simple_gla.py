@@ -12,7 +12,7 @@ from torch import nn
 from .. import registry
 from .cache import LinearAttentionCache
 from .conv import ShortConvolution
-from .functional import activation, attend, check_attention_mask, check_hidden, check_method, to_heads
+from .functional import activation, attend, check_attention_mask, check_hidden, check_method
 from .fused import rms_norm_gate
 from .retention import HeadRMSNorm
 
@@ -158,8 +158,8 @@ class SimpleGatedLinearAttention(nn.Module):
         if mask is not None:
             log_decay = log_decay * mask.float()                                        # a padded token: no decay
         b = q.unflatten(-1, (H, r)) * r ** -0.5
-        c = to_heads(k.unflatten(-1, (self.num_kv_heads, r)), H)
-        v = to_heads(v.unflatten(-1, (self.num_kv_heads, d)), H)
+        c = k.unflatten(-1, (self.num_kv_heads, r))      # grouped key/value heads (§1.7), read in place
+        v = v.unflatten(-1, (self.num_kv_heads, d))
         o = attend(b, c, v, None, method=self.method, precision=self.precision, cache=cache,
                    layer_idx=self.layer_idx, log_decay=log_decay, conv_state=conv_state)
         return self.o_proj(self._norm_and_gate(o, x).flatten(-2))

@@ -55,6 +55,7 @@ from leettriton.api import decode_step, decode_tokens, linear_attention_varlen
 
 __all__ = [
     "commit_accepted",
+    "commit_tree",
     "copy_states",
     "sglang_forward",
     "sglang_target_verify",
@@ -191,6 +192,38 @@ def commit_accepted(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: to
                          f"num_accepted_tokens {tuple(num_accepted_tokens.shape)}")
     B, H, K1, r, d = states.shape
     at = num_accepted_tokens.long().clamp(0, K1 - 1).reshape(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
+    _scatter_states(state_pool, slot_ids, states.gather(2, at).squeeze(2))
+
+
+def commit_tree(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: torch.Tensor,
+                accepted_node: torch.Tensor) -> None:
+    """Commit a verified tree: ``state_pool[slot_ids[i]] = states[i, :, accepted_node[i] + 1]``, on the device,
+    no sync, padding rows (slot −1) untouched (docs/design.md §13.7).
+
+    ``decode_tokens(..., parents=P, keep_states=True)`` leaves the pool as it was and returns every draft
+    token's state (index j + 1) and the root (index 0).  The server, once it knows each row's accepted path,
+    passes the path's last draft token: its state already holds the whole path (every ancestor's update), so
+    the commit is one gather and one scatter of one state per row, whatever the path's length.  For a chain
+    that accepted a tokens the node is a − 1, and ``commit_accepted(..., a)`` is the same commit.
+
+    Args:
+        state_pool: float32 ``(slots, heads, r, d)`` (a transposed ``[V, K]`` pool's view works).
+        slot_ids: ``(batch,)``: each row's slot, −1 = padding (nothing written).
+        states: ``decode_tokens(..., parents=..., keep_states=True)``'s ``(batch, heads, k + 1, r, d)``.
+        accepted_node: ``(batch,)`` integers: the accepted path's last draft token j ∈ [0, k − 1], or −1 when no
+            draft token was accepted (the root: the slot keeps its state).  Values outside [−1, k − 1] are
+            clamped on the device (never read on the host).
+    """
+    for name, x in (("state_pool", state_pool), ("slot_ids", slot_ids), ("states", states),
+                    ("accepted_node", accepted_node)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if states.dim() != 5 or states.shape[0] != slot_ids.shape[0] or accepted_node.shape != slot_ids.shape:
+        raise ValueError(f"states must be (batch, heads, k + 1, r, d) and accepted_node (batch,) with "
+                         f"batch = len(slot_ids) = {slot_ids.shape[0]}, got states {tuple(states.shape)} and "
+                         f"accepted_node {tuple(accepted_node.shape)}")
+    B, H, K1, r, d = states.shape
+    at = (accepted_node.long() + 1).clamp(0, K1 - 1).reshape(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
     _scatter_states(state_pool, slot_ids, states.gather(2, at).squeeze(2))
 
 

@@ -1,0 +1,222 @@
+"""decode_tokens(..., parents=...): trees of draft tokens, and their commit (docs/design.md §13.7).
+
+Each node's output and state are checked against a float64 recurrence walking the node's path from the
+root; a chain of parents against ``decode_tokens`` without them, bit for bit.  Both CPU paths run: the
+interpreter (the Triton kernel) and the PyTorch path (CPU tensors outside the interpreter), on different
+shapes so that no validated launch of one is repeated by the other.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+import leettriton
+from leettriton import serving
+
+from conftest import DEVICE
+from helpers import assert_close, tolerance
+
+SLOTS = 6
+
+
+@pytest.fixture(params=["kernels"] + (["torch"] if DEVICE == "cpu" else []))
+def dims(request, monkeypatch):
+    """(heads, r, d) per path; r over two key tiles and d over two value tiles on the kernel path."""
+    if request.param == "torch":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        return 2, 8, 4
+    return 2, 40, 36
+
+
+def rand(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(DEVICE)
+
+
+def tokens(B, H, K, r, d, seed):
+    return rand(B, H, K, r, seed=seed), rand(B, H, K, r, seed=seed + 1), rand(B, H, K, d, seed=seed + 2)
+
+
+def ids(values):
+    return torch.tensor(values, dtype=torch.int64, device=DEVICE)
+
+
+def reference(b, c, v, root, parents, gamma=None, log_decay=None):
+    """Outputs (B, H, k, d) and node states (B, H, k + 1, r, d) in float64: node j's state by walking its path
+    from the root, S ← decay · S + c_iᵀ v_i for each node i on it (root first)."""
+    B, H, K, r = b.shape
+    P = parents.tolist()
+    out = torch.zeros(B, H, K, v.shape[-1], dtype=torch.float64)
+    states = torch.zeros(B, H, K + 1, r, v.shape[-1], dtype=torch.float64)
+    for i in range(B):
+        states[i, :, 0] = root[i].double()
+        for j in range(K):
+            path, node = [], j
+            while node >= 0:
+                path.append(node)
+                node = P[i][node]
+            s = root[i].double().cpu()
+            for n in reversed(path):
+                if log_decay is not None:
+                    f = torch.exp(log_decay[i, :, n].double().cpu()).view(H, 1, 1)
+                else:
+                    f = torch.ones(H, 1, 1, dtype=torch.float64) if gamma is None else \
+                        torch.as_tensor(gamma, dtype=torch.float64).reshape(-1, 1, 1).expand(H, 1, 1)
+                s = f * s + c[i, :, n].double().cpu().unsqueeze(-1) * v[i, :, n].double().cpu().unsqueeze(-2)
+            states[i, :, j + 1] = s
+            out[i, :, j] = (b[i, :, j].double().cpu().unsqueeze(-2) @ s).squeeze(-2)
+    return out, states
+
+
+def assert_near(x, ref, what):
+    assert_close(x, ref, tolerance(torch.float32), what)
+
+
+TREES = {
+    "chain": [[-1, 0, 1, 2, 3]],
+    "star": [[-1, -1, -1, -1, -1]],
+    "binary": [[-1, 0, 0, 1, 1]],
+    "two roots": [[-1, 0, -1, 2, 1]],
+}
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_trees_match_each_path_in_float64(dims, tree):
+    H, r, d = dims
+    K = 5
+    parents = ids(TREES[tree] * 2)
+    b, c, v = tokens(2, H, K, r, d, seed=1)
+    state = rand(2, H, r, d, seed=4)
+    before = state.clone()
+    gamma = torch.tensor([0.9, 0.75], device=DEVICE)
+    o, s, kept = leettriton.decode_tokens(b, c, v, state, gamma, keep_states=True, parents=parents)
+    assert s is state and torch.equal(state, before)   # the root is never written
+    ref_o, ref_states = reference(b, c, v, before, parents, gamma=gamma.cpu())
+    assert_near(o, ref_o, "outputs")
+    assert_near(kept, ref_states, "node states")
+    assert torch.equal(kept[:, :, 0], before)
+
+
+def test_random_trees_with_per_token_decay_and_strided_parents(dims):
+    H, r, d = dims
+    B, K = 3, 6
+    g = torch.Generator().manual_seed(9)
+    table = torch.full((K, B), -1, dtype=torch.int32)
+    for j in range(1, K):
+        table[j] = torch.randint(-1, j, (B,), generator=g, dtype=torch.int32)
+    parents = table.to(DEVICE).t()  # (B, K), strides (1, B): read as it is
+    b, c, v = tokens(B, H, K, r, d, seed=11)
+    log_decay = -torch.rand(B, K, H, generator=g).to(DEVICE).transpose(1, 2)  # (B, H, K), strided
+    state = rand(B, H, r, d, seed=12)
+    o, _, kept = leettriton.decode_tokens(b, c, v, state, keep_states=True, parents=parents, log_decay=log_decay)
+    ref_o, ref_states = reference(b, c, v, state, parents, log_decay=log_decay)
+    assert_near(o, ref_o, "outputs")
+    assert_near(kept, ref_states, "node states")
+    o2, _ = leettriton.decode_tokens(b, c, v, state, parents=parents, log_decay=log_decay)  # no states kept
+    assert torch.equal(o2, o)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_a_chain_is_decode_tokens_bit_for_bit(dims, per_token):
+    """Parents j − 1 give exactly decode_tokens' outputs and kept states, on a pool with a padding row."""
+    H, r, d = dims
+    B, K = 3, 4
+    b, c, v = tokens(B, H, K, r, d, seed=21)
+    slots = ids([4, -1, 1])
+    pool = rand(SLOTS, H, r, d, seed=22)
+    chain = ids([list(range(-1, K - 1))] * B)
+    kw = dict(log_decay=-rand(B, H, K, seed=23).abs()) if per_token else {}
+    gamma = None if per_token else 0.9
+    tree_pool = pool.clone()
+    o, _, kept = leettriton.decode_tokens(b, c, v, tree_pool, gamma, slot_ids=slots, keep_states=True,
+                                          parents=chain, **kw)
+    o_ref, _, kept_ref = leettriton.decode_tokens(b, c, v, pool, gamma, slot_ids=slots, keep_states=True, **kw)
+    assert torch.equal(o, o_ref) and torch.equal(kept, kept_ref)
+    assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.equal(kept[1], torch.zeros_like(kept[1]))
+    assert torch.equal(tree_pool, rand(SLOTS, H, r, d, seed=22))  # the tree call wrote no slot
+
+
+def test_commit_writes_the_accepted_node(dims):
+    """Commit each row's accepted node (a leaf, an inner node, none) into its slot: the state of the accepted
+    path in float64; a padding row and the slots no row names stay bit-identical; a chain's commit by node
+    equals commit_accepted by count."""
+    H, r, d = dims
+    B, K = 4, 4
+    parents = ids([[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 2], [-1, 0, 0, 0]])
+    slots = ids([3, 0, -1, 5])
+    accepted = ids([3, 1, 2, -1])   # row 0: path 0-1-3; row 1: path 1; row 2: padding; row 3: nothing accepted
+    b, c, v = tokens(B, H, K, r, d, seed=31)
+    pool = rand(SLOTS, H, r, d, seed=32)
+    before = pool.clone()
+    _, _, kept = leettriton.decode_tokens(b, c, v, pool, 0.8, slot_ids=slots, keep_states=True, parents=parents)
+    serving.commit_tree(pool, slots, kept, accepted)
+    _, ref_states = reference(b, c, v, before[slots.clamp(min=0)], parents, gamma=0.8)
+    assert torch.equal(pool[3], kept[0, :, 4]) and torch.equal(pool[0], kept[1, :, 2])
+    assert torch.equal(pool[5], before[5])                       # the root: unchanged
+    assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])       # no row's slot (and the padding row's)
+    assert_near(pool[[3, 0]], ref_states[[0, 1], :, [4, 2]], "committed states")
+    # a chain's commit by count is the same
+    pool2 = before.clone()
+    chain = ids([list(range(-1, K - 1))] * B)
+    _, _, kept2 = leettriton.decode_tokens(b, c, v, pool2, 0.8, slot_ids=slots, keep_states=True, parents=chain)
+    serving.commit_tree(pool2, slots, kept2, ids([1, 3, 0, -1]))
+    pool3 = before.clone()
+    _, _, kept3 = leettriton.decode_tokens(b, c, v, pool3, 0.8, slot_ids=slots, keep_states=True)
+    serving.commit_accepted(pool3, slots, kept3, ids([2, 4, 1, 0]))
+    assert torch.equal(pool2, pool3)
+
+
+def test_invalid_parents(dims, monkeypatch):
+    """Values: checked on the PyTorch path (ValueError), read as the root by the kernel (no host read)."""
+    H, r, d = dims
+    K = 3
+    b, c, v = tokens(2, H, K, r, d, seed=41)
+    state = rand(2, H, r, d, seed=42)
+    for bad in ([[-1, 1, 0], [-1, 0, 1]], [[-1, 0, -2], [-1, 0, 1]], [[0, 0, 1], [-1, 0, 1]]):
+        if dims[1] == 8:   # the PyTorch path
+            with pytest.raises(ValueError, match=r"parents\[0, \d\] must lie in"):
+                leettriton.decode_tokens(b, c, v, state, 0.9, parents=ids(bad))
+        else:
+            fixed = [[p if -1 <= p < j else -1 for j, p in enumerate(row)] for row in bad]
+            o, _, kept = leettriton.decode_tokens(b, c, v, state, 0.9, parents=ids(bad), keep_states=True)
+            o_ref, _, kept_ref = leettriton.decode_tokens(b, c, v, state, 0.9, parents=ids(fixed), keep_states=True)
+            assert torch.equal(o, o_ref) and torch.equal(kept, kept_ref)
+    with pytest.raises(TypeError, match="parents must be int32 or int64"):
+        leettriton.decode_tokens(b, c, v, state, 0.9, parents=ids([[-1, 0, 1]] * 2).float())
+    with pytest.raises(ValueError, match=r"parents must have shape \(batch, k\) = \(2, 3\)"):
+        leettriton.decode_tokens(b, c, v, state, 0.9, parents=ids([[-1, 0]] * 2))
+    with pytest.raises(ValueError, match=r"accepted_node \(batch,\)"):
+        serving.commit_tree(state, ids([0, 1]), torch.zeros(2, H, K + 1, r, d), ids([0]))
+
+
+def test_kernel_path_reads_no_parent_on_the_host(monkeypatch):
+    H, r, d = 1, 16, 16
+    b, c, v = tokens(2, H, 2, r, d, seed=51)
+    state = rand(2, H, r, d, seed=52)
+    parents = ids([[-1, 0], [-1, -1]])
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a tensor value was read on the host")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    leettriton.decode_tokens(b, c, v, state, 0.9, parents=parents, keep_states=True)
+
+
+def test_compiled_call_equals_eager():
+    torch._dynamo.reset()
+    H, r, d, K = 2, 16, 16, 3
+    b, c, v = tokens(2, H, K, r, d, seed=61)
+    pool = rand(4, H, r, d, seed=62)
+    slots, parents = ids([2, -1]), ids([[-1, 0, 0], [-1, -1, 1]])
+
+    def verify(b, c, v, pool, slots, parents):
+        o, _, kept = leettriton.decode_tokens(b, c, v, pool, 0.9, slot_ids=slots, keep_states=True, parents=parents)
+        return o, kept
+
+    compiled = torch.compile(verify, backend="aot_eager", fullgraph=True)
+    o, kept = compiled(b, c, v, pool, slots, parents)
+    o_ref, kept_ref = verify(b, c, v, pool, slots, parents)
+    assert torch.equal(o, o_ref) and torch.equal(kept, kept_ref)
+    torch._dynamo.reset()

@@ -220,3 +220,44 @@ def test_compiled_call_equals_eager():
     o_ref, kept_ref = verify(b, c, v, pool, slots, parents)
     assert torch.equal(o, o_ref) and torch.equal(kept, kept_ref)
     torch._dynamo.reset()
+    # the operator's schema, fake implementation and registration, with parents
+    torch.library.opcheck(torch.ops.leettriton.decode_tokens, (b, c, v, pool, None, 0.9, slots, True, None, parents))
+
+
+# --------------------------------------------------------------------------- the engines' tree metadata
+
+
+def test_parents_from_eagle_next_token_and_sibling():
+    """SGLang's encoding (retrive_next_token: first child, retrive_next_sibling: next sibling; the example of
+    its Mamba verify kernel's comment in row 0, a sibling list of three in row 1)."""
+    nxt = ids([[1, 3, -1, -1, -1], [1, -1, 4, -1, -1]]).int()
+    sib = ids([[-1, 2, -1, 4, -1], [-1, 2, 3, -1, -1]]).int()
+    assert serving.parents_from_next_sibling(nxt, sib).tolist() == [[-1, 0, 0, 1, 1], [-1, 0, 0, 0, 2]]
+
+
+def test_engine_adapters_verify_trees(dims):
+    from types import SimpleNamespace
+
+    H, r, d = dims
+    B, K = 2, 4
+    b, c, v = (x.transpose(1, 2).flatten(0, 1) for x in tokens(B, H, K, r, d, seed=71))  # (B·k, H, dim)
+    rows = lambda x: x.unflatten(0, (B, K)).transpose(1, 2)  # noqa: E731
+    pool = rand(12, H, r, d, seed=72)
+    before = pool.clone()
+    # SGLang: parents derived from the EAGLE encoding; the slot is not written
+    meta = SimpleNamespace(mamba_cache_indices=ids([5, -1]), retrieve_next_token=ids([[1, 3, -1, -1]] * 2),
+                           retrieve_next_sibling=ids([[-1, 2, -1, -1]] * 2))
+    o, kept = serving.sglang_target_verify(b, c, v, pool, meta, 0.9, draft_token_num=K)
+    parents = ids([[-1, 0, 0, 1]] * 2)
+    o_ref, _, kept_ref = leettriton.decode_tokens(rows(b), rows(c), rows(v), before.clone(), 0.9, slot_ids=ids([5, -1]),
+                                                  keep_states=True, parents=parents)
+    assert torch.equal(rows(o), o_ref) and torch.equal(kept, kept_ref) and torch.equal(pool, before)
+    # vLLM: start from slot [i, accepted - 1], token t from its parent's state, slot [i, j] <- token j's state
+    spec = ids([[0, 1, 2, 3], [-1, -1, -1, -1]])
+    meta = SimpleNamespace(spec_state_indices_tensor=spec, num_accepted_tokens=ids([3, 1]),
+                           retrieve_parent_token=ids([[7, 0, 0, 1], [0, 0, 1, 2]]))
+    o = serving.vllm_spec_decode(b, c, v, pool, meta, 0.9)
+    o_ref, _, kept_ref = leettriton.decode_tokens(rows(b), rows(c), rows(v), before.clone(), 0.9, slot_ids=ids([2, -1]),
+                                                  keep_states=True, parents=parents)
+    assert torch.equal(rows(o), o_ref)
+    assert torch.equal(pool[:4], kept_ref[0, :, 1:].transpose(0, 1)) and torch.equal(pool[4:], before[4:])

@@ -55,7 +55,7 @@ def _node_pass(p_b, p_c, p_v, p_root, p_par, p_node, p_copy, b_stride, c_stride,
     for k0 in range(0, R, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < R
-        b_b = tl.load(p_b + o_k * b_stride, mask=m_k, other=0.0).to(tl.float32)
+        b_q = tl.load(p_b + o_k * b_stride, mask=m_k, other=0.0).to(tl.float32)  # the token's b (query) keys
         b_c = tl.load(p_c + o_k * c_stride, mask=m_k, other=0.0).to(tl.float32)
         m_s = m_k[:, None] & m_d[None, :]
         # the two sources under complementary masks: only one of them is read
@@ -67,11 +67,11 @@ def _node_pass(p_b, p_c, p_v, p_root, p_par, p_node, p_copy, b_stride, c_stride,
         if KEEP:
             tl.store(p_copy + off_keep, b_r, mask=and_scalar(m_s, store_root))
         if HAS_DECAY:
-            b_s = tl.fma(b_s, g_hi, tl.fma(b_s, g_lo, b_c[:, None] * b_v[None, :]))
+            b_s = tl.fma(b_s, g_hi, tl.fma(b_s, g_lo, b_c[:, None] * b_v[None, :]))  # [BK, 1] * [1, BV]
         else:
             b_s += b_c[:, None] * b_v[None, :]
         tl.store(p_node + off_keep, tl.where(live, b_s, 0.0), mask=m_s)
-        acc += b_b[:, None] * b_s
+        acc += b_q[:, None] * b_s  # [BK, 1] * [BK, BV]
     return tl.sum(acc, axis=0)  # [BV] = b_t S over the keys
 
 

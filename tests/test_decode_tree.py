@@ -261,3 +261,26 @@ def test_engine_adapters_verify_trees(dims):
                                                   keep_states=True, parents=parents)
     assert torch.equal(rows(o), o_ref)
     assert torch.equal(pool[:4], kept_ref[0, :, 1:].transpose(0, 1)) and torch.equal(pool[4:], before[4:])
+
+
+def test_every_gpu_config_of_the_tree_kernel():
+    """Each (BK, BV) tile of the H100 family's configs for this shape, pinned, on the kernel path: the value
+    tiles that the interpreter's one config does not run (one key tile over all of r, partial tiles of d)."""
+    from leettriton.autotune import FAMILIES
+    from leettriton.kernels import tree
+
+    H, r, d, K = 2, 40, 36, 3
+    b, c, v = tokens(2, H, K, r, d, seed=81)
+    pool = rand(3, H, r, d, seed=82)
+    slots, parents = ids([2, 0]), ids([[-1, 0, 0], [-1, -1, 1]])
+    gamma = torch.tensor([0.9, 0.6], device=DEVICE)
+    ref_o, ref_states = reference(b, c, v, pool[slots], parents, gamma=gamma.cpu())
+    args = dict(R=r, D=d, v_ptr=v)
+    tiles = {(cfg["BK"], cfg["BV"]): cfg for cfg in tree.spaces.TREE.usable(FAMILIES["h100"], args)}
+    assert len(tiles) >= 3, f"too few configs to prove anything: {sorted(tiles)}"
+    for (bk, bv), cfg in sorted(tiles.items()):
+        out = torch.full((2, H, K, d), float("nan"), device=DEVICE)
+        kept = torch.full((2, H, K + 1, r, d), float("nan"), device=DEVICE)
+        tree.decode_tree_impl(b, c, v, pool, gamma, out, slots, kept, parents, config={"decode.tree": cfg})
+        assert_near(out, ref_o, f"outputs, BK={bk} BV={bv}")
+        assert_near(kept, ref_states, f"node states, BK={bk} BV={bv}")

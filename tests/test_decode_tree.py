@@ -50,7 +50,7 @@ def reference(b, c, v, root, parents, gamma=None, log_decay=None):
     out = torch.zeros(B, H, K, v.shape[-1], dtype=torch.float64)
     states = torch.zeros(B, H, K + 1, r, v.shape[-1], dtype=torch.float64)
     for i in range(B):
-        states[i, :, 0] = root[i].double()
+        states[i, :, 0] = root[i].double().cpu()
         for j in range(K):
             path, node = [], j
             while node >= 0:

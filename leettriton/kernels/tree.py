@@ -42,13 +42,13 @@ _KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY", "SLOTTED", "KEEP", "PER_TOKEN_DECAY"
 
 @triton.jit
 def _node_pass(p_b, p_c, p_v, p_root, p_par, p_node, p_copy, b_stride, c_stride, v_stride, st_stride_k, st_stride_v,
-               keep_stride_k, keep_stride_v, from_root, store_root, o_v, R, D, g_hi, g_lo, HAS_DECAY: tl.constexpr,
-               KEEP: tl.constexpr, live, BK: tl.constexpr, BV: tl.constexpr):
+               keep_stride_k, keep_stride_v, from_root, from_kept, store_root, o_v, R, D, g_hi, g_lo,
+               HAS_DECAY: tl.constexpr, KEEP: tl.constexpr, live, BK: tl.constexpr, BV: tl.constexpr):
     """One draft token over a [R, BV] column slice: S = γ S_parent + c_tᵀ v_t, tile by tile, written at
-    ``p_node``; returns the [BV] slice of b_t S.  The parent's slice is the root (``p_root``, read only where
-    ``live``: a padding row reads zeros) where ``from_root``, else a kept state (``p_par``).  ``store_root``
-    (with ``KEEP``): the root's slice is also written at ``p_copy``, the kept states' index 0.  A padding
-    row's node states are written as zeros."""
+    ``p_node``; returns the [BV] slice of b_t S.  The parent's slice is the root (``p_root``, read only
+    where ``live``: a padding row reads zeros) where ``from_root``, else (``from_kept``) a kept state
+    (``p_par``).  ``store_root`` (with ``KEEP``): the root's slice is also written at ``p_copy``, the kept
+    states' index 0.  A padding row's node states are written as zeros."""
     m_d = o_v < D
     b_v = tl.load(p_v + o_v * v_stride, mask=m_d, other=0.0).to(tl.float32)
     acc = tl.zeros([BK, BV], dtype=tl.float32)
@@ -62,7 +62,7 @@ def _node_pass(p_b, p_c, p_v, p_root, p_par, p_node, p_copy, b_stride, c_stride,
         p_r = p_root + o_k[:, None] * st_stride_k + o_v[None, :] * st_stride_v
         b_r = tl.load(p_r, mask=and_scalar(m_s, from_root & live), other=0.0)
         off_keep = o_k[:, None] * keep_stride_k + o_v[None, :] * keep_stride_v
-        b_p = tl.load(p_par + off_keep, mask=and_scalar(m_s, from_root == 0), other=0.0)
+        b_p = tl.load(p_par + off_keep, mask=and_scalar(m_s, from_kept), other=0.0)
         b_s = tl.where(from_root, b_r, b_p)  # [BK, BV]
         if KEEP:
             tl.store(p_copy + off_keep, b_r, mask=and_scalar(m_s, store_root))
@@ -118,7 +118,7 @@ def _decode_tree_kernel(
         b_o = _node_pass(p_b + t * b_strides[2], p_c + t * c_strides[2], p_v + t * v_strides[2], p_root,
                          p_keep + (par + 1) * keep_strides[2], p_keep + (t + 1) * keep_strides[2], p_keep,
                          b_strides[3], c_strides[3], v_strides[3], st_strides[2], st_strides[3],
-                         keep_strides[3], keep_strides[4], par < 0, (par * 0 + t) == 0, o_v, R, D, g_hi, g_lo,
+                         keep_strides[3], keep_strides[4], par < 0, par >= 0, (par * 0 + t) == 0, o_v, R, D, g_hi, g_lo,
                          HAS_DECAY or PER_TOKEN_DECAY, KEEP, live, BK, BV)
         b_o = tl.where(live, b_o, fill)
         tl.store(p_o + t * o_strides[2] + o_v * o_strides[3], b_o.to(o_ptr.dtype.element_ty), mask=o_v < D)

@@ -364,8 +364,7 @@ def vllm_spec_decode(b, c, v, state_pool, metadata, gamma=None, *, out=None, che
         if not isinstance(tree, torch.Tensor) or tree.dim() != 2 or tree.shape[0] < B or tree.shape[1] < K:
             raise ValueError(f"metadata.retrieve_parent_token must be a 2-D tensor with at least ({B}, {K}) "
                              f"entries, got {getattr(tree, 'shape', type(tree).__name__)}")
-        parents = tree[:B, :K].long().clone()
-        parents[:, 0] = -1  # token 0 starts from the start slot's state
+        parents = _as_tree(tree[:B, :K])  # token 0 starts from the start slot's state
     part, _, kept = decode_tokens(rows(b), rows(c), rows(v), state_pool, gamma, slot_ids=_ids(start), keep_states=True,
                                   check_slots=check_indices, parents=parents)
     o.unflatten(0, (B, K)).copy_(part.transpose(1, 2))
@@ -496,6 +495,14 @@ def parents_from_next_sibling(next_token: torch.Tensor, next_sibling: torch.Tens
     for _ in range(K - 1):
         par[:, dump] = -1
         par.scatter_(1, sib, par[:, :K].clone())
-    par = par[:, :K].clone()
-    par[:, 0] = -1
-    return par
+    return _as_tree(par[:, :K])
+
+
+def _as_tree(parents: torch.Tensor) -> torch.Tensor:
+    """An engine's parent table as ``decode_tokens`` reads it, on the device: int64, token 0's parent −1, and
+    any parent outside −1 … j − 1 (a padding row's leftovers) −1 (the root), the kernels' own rule, so
+    that the PyTorch path (which refuses such values) and the kernels agree."""
+    k = parents.shape[1]
+    j = torch.arange(k, device=parents.device).view(1, k)
+    p = parents.long()
+    return torch.where((p >= -1) & (p < j), p, -1)

@@ -255,7 +255,7 @@ def test_engine_adapters_verify_trees(dims):
     # vLLM: start from slot [i, accepted - 1], token t from its parent's state, slot [i, j] <- token j's state
     spec = ids([[0, 1, 2, 3], [-1, -1, -1, -1]])
     meta = SimpleNamespace(spec_state_indices_tensor=spec, num_accepted_tokens=ids([3, 1]),
-                           retrieve_parent_token=ids([[7, 0, 0, 1], [0, 0, 1, 2]]))
+                           retrieve_parent_token=ids([[7, 0, 0, 1], [0, 9, -3, 7]]))  # padding: leftovers
     o = serving.vllm_spec_decode(b, c, v, pool, meta, 0.9)
     o_ref, _, kept_ref = leettriton.decode_tokens(rows(b), rows(c), rows(v), before.clone(), 0.9, slot_ids=ids([2, -1]),
                                                   keep_states=True, parents=parents)

@@ -284,3 +284,25 @@ def test_every_gpu_config_of_the_tree_kernel():
         tree.decode_tree_impl(b, c, v, pool, gamma, out, slots, kept, parents, config={"decode.tree": cfg})
         assert_near(out, ref_o, f"outputs, BK={bk} BV={bv}")
         assert_near(kept, ref_states, f"node states, BK={bk} BV={bv}")
+
+
+def test_bench_tree_quick_on_cpu(tmp_path, monkeypatch):
+    """perf/bench_tree.py's logic on tiny shapes (no GPU; each call run once, not timed): the calls checked
+    against float64, its JSON."""
+    import json
+    import os
+
+    from leettriton import bench
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "perf"))
+    import bench_tree
+
+    if DEVICE != "cpu":
+        pytest.skip("the GPU run is the benchmark itself")
+    monkeypatch.setattr(bench, "time_ms", lambda fn, **kwargs: (fn(), (1.0, 1.0, 1.0))[1])
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda *args, **kwargs: 1e9)
+    rep = bench_tree.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])
+    data = json.loads((tmp_path / "cpu" / "bench_tree.quick.json").read_text())
+    assert data["meta"]["command"].startswith("python perf/bench_tree.py --quick")
+    assert {r["call"] for r in data["rows"]} == {"tree + commit", "tree", "chain + commit", "accepted path alone"}
+    assert [t[3] for t in rep.targets] == ["n/a", "PASS"]

@@ -185,16 +185,17 @@ def check_parent_values(parents: torch.Tensor) -> None:
     bad = (parents < -1) | (parents >= torch.arange(k, dtype=parents.dtype).view(1, k))
     if bool(bad.any()):
         i, j = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"parents[{i}, {j}] must lie in -1 … {j - 1} (token {j}'s parent comes before it; −1: the "
+        raise ValueError(f"parents[{i}, {j}] must lie in −1 … {j - 1} (token {j}'s parent comes before it; −1: the "
                          f"state before the call), got {int(parents[i, j])}")
 
 
 def decode_tree(b, c, v, state, gamma, parents, *, slot_ids, keep_states: bool, check_slots: bool, log_decay):
     """``decode_tokens(..., parents=...)`` once its tensors passed the k-token step's checks
     (``api._check_decode_tokens``; ``slot_ids`` already as the kernel reads it): the parents, γ or the
-    per-token decay, autograd, the state apart from the inputs, the slot ids' values; then one launch.
+    per-token decay, autograd, the slot ids' values; then one launch.  Validated on every call (no
+    repeated-launch signature).
 
-    Returns ``(out (B, H, k, d), kept (B, H, k + 1, r, d) or None)``; the state is not written."""
+    Returns ``(out (B, H, k, d), kept (B, H, k + 1, r, d) or None)``; the state is only read."""
     B, H, K, r = b.shape
     d = v.shape[-1]
     check_parents(parents, B, K, v.device)

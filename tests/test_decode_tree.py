@@ -306,3 +306,36 @@ def test_bench_tree_quick_on_cpu(tmp_path, monkeypatch):
     assert data["meta"]["command"].startswith("python perf/bench_tree.py --quick")
     assert {r["call"] for r in data["rows"]} == {"tree + commit", "tree", "chain + commit", "accepted path alone"}
     assert [t[3] for t in rep.targets] == ["n/a", "PASS"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_tree_verify_and_commit_are_captured_in_a_cuda_graph():
+    """No sync and fixed sizes: verify + commit captured once, then replayed with new parents, slots and
+    accepted nodes written into the same buffers, equal the eager calls on those values."""
+    H, r, d, K = 2, 64, 64, 4
+    b, c, v = tokens(3, H, K, r, d, seed=91)
+    pool = rand(8, H, r, d, seed=92)
+    slots, parents, accepted = ids([5, -1, 2]), ids([[-1, 0, 0, 1]] * 3), ids([3, 0, 1])
+
+    def step():
+        o, _, kept = leettriton.decode_tokens(b, c, v, pool, 0.9, slot_ids=slots, keep_states=True, parents=parents,
+                                              check_slots=False)
+        serving.commit_tree(pool, slots, kept, accepted)
+        return o
+
+    step()   # compiles, tunes and validates once, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph = step()
+    start = rand(8, H, r, d, seed=93)
+    for new_slots, new_parents, new_accepted in (([1, 4, -1], [[-1, -1, 1, 2]] * 3, [2, -1, 0]),
+                                                 ([0, 7, 3], [[-1, 0, 1, 2]] * 3, [3, 1, -1])):
+        slots.copy_(ids(new_slots))
+        parents.copy_(ids(new_parents))
+        accepted.copy_(ids(new_accepted))
+        pool.copy_(start)
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed, o_replayed = pool.clone(), o_graph.clone()
+        pool.copy_(start)
+        assert torch.equal(step(), o_replayed) and torch.equal(pool, replayed)

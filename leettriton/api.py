@@ -15,6 +15,7 @@ from . import ops, problem, registry
 from .autograd import attach_backward
 from .compat import decoder_arguments
 from .kernels.decode import decode_step_impl, decode_tokens_impl
+from .kernels.tree import decode_tree
 from .autotune import is_interpreting
 from .methods import builtin_methods
 from .kernels.walk import launch_varlen_walk
@@ -376,7 +377,7 @@ def _check_decode_step(b_t, c_t, v_t, state) -> None:
 
 
 def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False,
-                  check_slots: bool = True, log_decay=None):
+                  check_slots: bool = True, log_decay=None, parents=None):
     """k new tokens per sequence in one launch (speculative-decoding verification): k decode steps.
 
     Token j of row i updates the state, S ← γ S + c_jᵀ v_j, and gives o_j = b_j S, for j = 0 … k − 1,
@@ -396,10 +397,19 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
             A padding row's kept states are zeros.
         log_decay: a per-token decay instead of gamma: ``(batch, heads, k)``, a ≤ 0, token j's factor
             exp(a_j), as in :func:`decode_step`.
+        parents: ``None`` (a chain), or an int32/int64 tensor ``(batch, k)`` on the inputs' device, any
+            strides (read as it is): a tree of draft tokens per row (docs/design.md §13.7).  Token j's
+            parent is ``parents[i, j]`` ∈ {−1, 0, …, j − 1}, −1 being the state before the call: its state is
+            S_j = γ S_parent + c_jᵀ v_j and its output o_j = b_j S_j.  ``parents[i, j] = j − 1`` is the chain,
+            with the same result.  The state (or pool) is then **not** written: ``states[:, :, j + 1]`` (with
+            ``keep_states``) is token j's state and index 0 the state before the call, and
+            :func:`leettriton.serving.commit_tree` writes the accepted node's state into the slot.  A parent
+            outside −1 … j − 1 is read as −1 by the kernels (its values are not read on the host: no sync);
+            CPU tensors outside the interpreter check them (ValueError).
 
     Returns:
         ``(o, state)``, or ``(o, state, states)`` with ``keep_states``: o ``(batch, heads, k, d)`` in v's
-        dtype; ``state`` itself, after all k tokens.
+        dtype; ``state`` itself, after all k tokens (with ``parents``: as it was).
 
     Example::
 
@@ -410,8 +420,13 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
     if ops.is_compiling():  # a trace: one registered operator (docs/design.md §4.6)
         _check_compiled_step(b, c, v, state, gamma, slot_ids, check_slots, False)
         return ops.decode_tokens(b, c, v, state, gamma, slot_ids=slot_ids, keep_states=keep_states,
-                                 log_decay=log_decay)
-    if log_decay is not None:
+                                 log_decay=log_decay, parents=parents)
+    if parents is not None:  # a tree of draft tokens (docs/design.md §13.7): kernels/tree.py
+        slot_ids = index_as_read(slot_ids)
+        _check_decode_tokens(b, c, v, state, slot_ids, check_slots, False)
+        out, kept = decode_tree(b, c, v, state, gamma, parents, slot_ids=slot_ids, keep_states=keep_states,
+                                check_slots=check_slots, log_decay=log_decay)
+    elif log_decay is not None:
         out, kept = _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states, check_slots, False)
     else:
         out, kept = _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states, check_slots, one_token=False)

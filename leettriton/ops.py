@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .autograd import all_grads
 from .autotune.families import is_interpreting
+from .kernels.tree import check_parents
 from .problem import device_guards_only, make_problem
 
 __all__ = ["bind", "is_compiling", "custom_op", "guarded", "split_gamma", "linear_attention", "linear_attention_varlen",
@@ -272,19 +273,22 @@ def _skips(x: Tensor) -> bool:
 @_custom_op("leettriton::decode_tokens", mutates_args=("state",))
 def _decode_tokens(b: Tensor, c: Tensor, v: Tensor, state: Tensor, gamma: Optional[Tensor],
                    gamma_value: Optional[float], slot_ids: Optional[Tensor],
-                   keep_states: bool, log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                   keep_states: bool, log_decay: Optional[Tensor] = None,
+                   parents: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     with torch.no_grad(), guarded(v):
         res = _EAGER["decode_tokens"](b, c, v, state, _gamma(gamma, gamma_value), slot_ids=slot_ids,
                                       keep_states=keep_states,
                                       check_slots=False if slot_ids is not None and _skips(v) else True,
-                                      log_decay=log_decay)
+                                      log_decay=log_decay, parents=parents)
     return res[0], res[2] if keep_states else _no_state(v)
 
 
 @_decode_tokens.register_fake
-def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_states, log_decay=None):
+def _decode_tokens_fake(b, c, v, state, gamma, gamma_value, slot_ids, keep_states, log_decay=None, parents=None):
     B, _, K, r = b.shape
     H = state.shape[1]   # the output's heads (grouped heads: docs/design.md §1.7)
+    if parents is not None:  # its metadata, checked while tracing (its values: the kernel's guard)
+        check_parents(parents, B, K, v.device)
     out = torch.empty((B, H, K, v.shape[-1]), dtype=v.dtype, device=v.device)
     if not keep_states:
         return out, _no_state(v)
@@ -297,11 +301,12 @@ def decode_step(b_t, c_t, v_t, state, gamma=None, *, slot_ids=None, log_decay=No
     return torch.ops.leettriton.decode_step(b_t, c_t, v_t, state, g, g_value, slot_ids, log_decay), state
 
 
-def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False, log_decay=None):
+def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: bool = False, log_decay=None,
+                  parents=None):
     """:func:`leettriton.decode_tokens` through its operator."""
     g, g_value = split_gamma(gamma)
     out, kept = torch.ops.leettriton.decode_tokens(b, c, v, state, g, g_value, slot_ids, bool(keep_states),
-                                                   log_decay)
+                                                   log_decay, parents)
     return (out, state, kept) if keep_states else (out, state)
 
 

@@ -55,7 +55,9 @@ from leettriton.api import decode_step, decode_tokens, linear_attention_varlen
 
 __all__ = [
     "commit_accepted",
+    "commit_tree",
     "copy_states",
+    "parents_from_next_sibling",
     "sglang_forward",
     "sglang_target_verify",
     "vllm_forward",
@@ -200,6 +202,38 @@ def commit_accepted(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: to
     _scatter_states(state_pool, slot_ids, states.gather(2, at).squeeze(2))
 
 
+def commit_tree(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: torch.Tensor,
+                accepted_node: torch.Tensor) -> None:
+    """Commit a verified tree: ``state_pool[slot_ids[i]] = states[i, :, accepted_node[i] + 1]``, on the device,
+    no sync, padding rows (slot −1) untouched (docs/design.md §13.7).
+
+    ``decode_tokens(..., parents=P, keep_states=True)`` leaves the pool as it was and returns every draft
+    token's state (index j + 1) and the root (index 0).  The server, once it knows each row's accepted path,
+    passes the path's last draft token: its state already holds the whole path (every ancestor's update), so
+    the commit is one gather and one scatter of one state per row, whatever the path's length.  For a chain
+    that accepted a tokens the node is a − 1, and ``commit_accepted(..., a)`` is the same commit.
+
+    Args:
+        state_pool: float32 ``(slots, heads, r, d)`` (a transposed ``[V, K]`` pool's view works).
+        slot_ids: ``(batch,)``: each row's slot, −1 = padding (nothing written).
+        states: ``decode_tokens(..., parents=..., keep_states=True)``'s ``(batch, heads, k + 1, r, d)``.
+        accepted_node: ``(batch,)`` integers: the accepted path's last draft token j ∈ [0, k − 1], or −1 when no
+            draft token was accepted (the root: the slot keeps its state).  Values outside [−1, k − 1] are
+            clamped on the device (never read on the host).
+    """
+    for name, x in (("state_pool", state_pool), ("slot_ids", slot_ids), ("states", states),
+                    ("accepted_node", accepted_node)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if states.dim() != 5 or states.shape[0] != slot_ids.shape[0] or accepted_node.shape != slot_ids.shape:
+        raise ValueError(f"states must be (batch, heads, k + 1, r, d) and accepted_node (batch,) with "
+                         f"batch = len(slot_ids) = {slot_ids.shape[0]}, got states {tuple(states.shape)} and "
+                         f"accepted_node {tuple(accepted_node.shape)}")
+    B, H, K1, r, d = states.shape
+    at = (accepted_node.long() + 1).clamp(0, K1 - 1).reshape(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
+    _scatter_states(state_pool, slot_ids, states.gather(2, at).squeeze(2))
+
+
 def _no_prefix_tracking(engine: str, field: str) -> NotImplementedError:
     return NotImplementedError(
         f"{engine} prefix caching ({field}) needs the prefill's state at block boundaries inside a sequence; "
@@ -301,6 +335,12 @@ def vllm_spec_decode(b, c, v, state_pool, metadata, gamma=None, *, out=None, che
         state_pool: as in :func:`vllm_forward`.
         metadata: an object with ``spec_state_indices_tensor`` ``(batch, k)`` (−1 rows: padding) and
             ``num_accepted_tokens`` ``(batch,)`` (≥ 1; padding rows hold 1 in vLLM's captured buffers).
+            Optionally ``retrieve_parent_token`` ``(batch, k)``: an EAGLE tree, as vLLM's recurrent kernel
+            takes it (``model_executor/layers/fla/ops/fused_recurrent.py``: token t ≥ 1 starts from the
+            state of token ``retrieve_parent_token[i, t]``, token 0 from the start slot; column 0 is not
+            read).  The rows are then verified as trees (``decode_tokens(..., parents=...)``) and slot
+            ``[i, j]`` still gets token j's state, as that kernel leaves them.  ``GDNAttentionMetadata``
+            itself has no such field (the engine passes it to the kernel where it has one).
         gamma, out, check_indices: as in :func:`vllm_forward`.
 
     Returns:
@@ -324,8 +364,15 @@ def vllm_spec_decode(b, c, v, state_pool, metadata, gamma=None, *, out=None, che
         return o
     start = spec.gather(1, (accepted.long() - 1).clamp(0, K - 1).reshape(B, 1)).squeeze(1)
     rows = lambda x: x.unflatten(0, (B, K)).transpose(1, 2)  # noqa: E731  (B, H, k, dim), a view
+    tree = _field(metadata, "retrieve_parent_token", required=False)
+    parents = None
+    if tree is not None:
+        if not isinstance(tree, torch.Tensor) or tree.dim() != 2 or tree.shape[0] < B or tree.shape[1] < K:
+            raise ValueError(f"metadata.retrieve_parent_token must be a 2-D tensor with at least ({B}, {K}) "
+                             f"entries, got {getattr(tree, 'shape', type(tree).__name__)}")
+        parents = _as_tree(tree[:B, :K])  # token 0 starts from the start slot's state
     part, _, kept = decode_tokens(rows(b), rows(c), rows(v), state_pool, gamma, slot_ids=_ids(start), keep_states=True,
-                                  check_slots=check_indices)
+                                  check_slots=check_indices, parents=parents)
     o.unflatten(0, (B, K)).copy_(part.transpose(1, 2))
     # slot [i, j] <- the state after token j (kept index j + 1); padding rows' ids are -1 in every column
     values = kept.narrow(2, 1, K).transpose(1, 2).reshape(B * K, H, r, d)
@@ -390,12 +437,20 @@ def sglang_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check
 
 def sglang_target_verify(b, c, v, state_pool, metadata, gamma=None, *, draft_token_num: int,
                          out=None, check_indices: bool = False):
-    """SGLang's target verify (``forward_extend`` in ``is_target_verify`` mode, chains: ``topk = 1``): every
-    row verifies ``draft_token_num`` tokens from its slot ``mamba_cache_indices[i]``.
+    """SGLang's target verify (``forward_extend`` in ``is_target_verify`` mode): every row verifies
+    ``draft_token_num`` tokens from its slot ``mamba_cache_indices[i]``, and every intermediate state is
+    returned (SGLang's ``intermediate_ssm`` cache).
 
-    The slot is advanced past all the tokens (as seg_la leaves it) and every intermediate state is returned
-    (SGLang's ``intermediate_ssm`` cache); once the sampler knows the accepted counts,
-    :func:`commit_accepted` rolls each slot back on the device.
+    Chains (``topk = 1``): the slot is advanced past all the tokens (as seg_la leaves it); once the sampler
+    knows the accepted counts, :func:`commit_accepted` rolls each slot back on the device.
+
+    Trees (``topk > 1``): when the metadata carries ``retrieve_next_token`` and ``retrieve_next_sibling``
+    (``(batch, draft_token_num)``, the fields of the Mamba backends' ``ForwardMetadata`` in
+    ``hybrid_linear_attn_backend.py``, from EAGLE's ``retrive_next_token`` / ``retrive_next_sibling``), each
+    token's parent is derived from them on the device (:func:`parents_from_next_sibling`) and the row is
+    verified as a tree (``decode_tokens(..., parents=...)``): the slot is not written, and
+    :func:`commit_tree` writes the accepted node's state into it.  SGLang's own ``retrieve_parent_token``
+    is not read: it is an output buffer its conv kernel fills.
 
     Returns:
         ``(out (batch · draft_token_num, heads, d), states (batch, heads, draft_token_num + 1, r, d))``.
@@ -411,7 +466,49 @@ def sglang_target_verify(b, c, v, state_pool, metadata, gamma=None, *, draft_tok
     H, d = _heads(b, c, v), v.shape[2]
     o = _output(out, B * K, H, d, v.dtype, v.device)
     rows = lambda x: x.unflatten(0, (B, K)).transpose(1, 2)  # noqa: E731  (B, H, k, dim), a view
+    nxt = _field(metadata, "retrieve_next_token", required=False)
+    sib = _field(metadata, "retrieve_next_sibling", required=False)
+    parents = None if nxt is None or sib is None else parents_from_next_sibling(_rows(nxt, 0, B), _rows(sib, 0, B))
     part, _, kept = decode_tokens(rows(b), rows(c), rows(v), state_pool, gamma, slot_ids=_ids(_rows(slots, 0, B)),
-                                  keep_states=True, check_slots=check_indices)
+                                  keep_states=True, check_slots=check_indices, parents=parents)
     o.unflatten(0, (B, K)).copy_(part.transpose(1, 2))
     return o, kept
+
+
+def parents_from_next_sibling(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:
+    """Each draft token's parent, ``(batch, k)`` int64 with token 0's −1, from EAGLE's tree encoding (SGLang
+    ``retrive_next_token`` / ``retrive_next_sibling``, ``(batch, k)``: token i's first child and its next
+    sibling, −1 for none; token 0 is the tree's root, the token verified from the slot's state).
+
+    On the device, no sync: a first child's parent is the token that names it; a sibling's is its previous
+    sibling's, propagated along each sibling list in k − 1 scatters (k is known on the host).  Entries that
+    name no token (−1, or out of [0, k)) are dropped; a token nothing names keeps −1 (the root)."""
+    for name, x in (("next_token", next_token), ("next_sibling", next_sibling)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be a 2-D int32/int64 tensor (batch, k), got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+    if next_token.shape != next_sibling.shape:
+        raise ValueError(f"next_token and next_sibling must have one shape, got {tuple(next_token.shape)} and "
+                         f"{tuple(next_sibling.shape)}")
+    B, K = next_token.shape
+    dump = K  # a spare column that takes the writes of entries naming no token
+    child = next_token.long()
+    child = torch.where((child > 0) & (child < K), child, dump)
+    sib = next_sibling.long()
+    sib = torch.where((sib > 0) & (sib < K), sib, dump)
+    par = torch.full((B, K + 1), -1, dtype=torch.long, device=next_token.device)
+    par.scatter_(1, child, torch.arange(K, device=next_token.device).expand(B, K))
+    for _ in range(K - 1):
+        par[:, dump] = -1
+        par.scatter_(1, sib, par[:, :K].clone())
+    return _as_tree(par[:, :K])
+
+
+def _as_tree(parents: torch.Tensor) -> torch.Tensor:
+    """An engine's parent table as ``decode_tokens`` reads it, on the device: int64, token 0's parent −1, and
+    any parent outside −1 … j − 1 (a padding row's leftovers) −1 (the root), the kernels' own rule, so
+    that the PyTorch path (which refuses such values) and the kernels agree."""
+    k = parents.shape[1]
+    j = torch.arange(k, device=parents.device).view(1, k)
+    p = parents.long()
+    return torch.where((p >= -1) & (p < j), p, -1)

@@ -190,6 +190,24 @@ def test_invalid_parents(dims, monkeypatch):
         serving.commit_tree(state, ids([0, 1]), torch.zeros(2, H, K + 1, r, d), ids([0]))
 
 
+@pytest.mark.parametrize("bc_heads, v_heads", [(1, 4), (4, 2)], ids=["shared-bc", "shared-v"])
+def test_grouped_heads_read_in_place_equal_the_expanded_call(bc_heads, v_heads):
+    """Grouped heads (docs/semantics.md §1.7): b, c or v shared by groups of the state's heads give the call on
+    tensors expanded to one head per state head, bit for bit (the same arithmetic on the same values)."""
+    g = torch.Generator().manual_seed(11)
+    B, H, K, r, d = 2, 4, 4, 8, 8
+    b, c = (torch.randn(B, bc_heads, K, r, generator=g).to(DEVICE) for _ in range(2))
+    v = torch.randn(B, v_heads, K, d, generator=g).to(DEVICE)
+    pool = torch.randn(5, H, r, d, generator=g).to(DEVICE)
+    slots = torch.tensor([3, -1], device=DEVICE)
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, -1, 1, 2]], device=DEVICE)
+    o, _, kept = leettriton.decode_tokens(b, c, v, pool, 0.9, slot_ids=slots, parents=parents, keep_states=True)
+    wide = [x.repeat_interleave(H // x.shape[1], 1) for x in (b, c, v)]
+    o_ref, _, kept_ref = leettriton.decode_tokens(*wide, pool, 0.9, slot_ids=slots, parents=parents,
+                                                  keep_states=True)
+    assert o.shape == (B, H, K, d) and torch.equal(o, o_ref) and torch.equal(kept, kept_ref)
+
+
 def test_kernel_path_reads_no_parent_on_the_host(monkeypatch):
     H, r, d = 1, 16, 16
     b, c, v = tokens(2, H, 2, r, d, seed=51)

@@ -32,10 +32,10 @@ import triton.language as tl
 
 from ..autotune import autotune, is_interpreting, launch
 from ..autotune.sizing import cdiv
-from ..problem import (INDEX_DTYPES, check_autograd, check_constant_gamma, check_slot_values,
+from ..problem import (INDEX_DTYPES, check_autograd, check_constant_gamma, check_slot_values, expand_heads,
                        new_empty, resolve_gamma, resolve_log_decay, type_name)
 from . import tree_space as spaces
-from .abi import and_scalar, batch_head, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
+from .abi import and_scalar, batch_head, group_strides, head_log2_gamma, head_ptr, head_ptrs, step_decay, strides
 
 _KEY = ["R", "D", "BH_BUCKET", "HAS_DECAY", "SLOTTED", "KEEP", "PER_TOKEN_DECAY"]
 
@@ -130,8 +130,10 @@ def _decode_tree_kernel(
 def _decode_tree_torch(b, c, v, state, gamma, out, slot_ids, kept, parents, log_decay) -> None:
     """The tree step in PyTorch, for CPU tensors outside the interpreter (float64 inside, one rounding per
     output): the k-token step's PyTorch form with each token's state taken from its parent's.  A loop over
-    the k tokens, never over rows."""
-    B, H, K, r = b.shape
+    the k tokens, never over rows.  Grouped heads (docs/design.md §1.7) are expanded to the state's."""
+    H = state.shape[1]
+    b, c, v = (expand_heads(x, H) for x in (b, c, v))
+    B, _, K, r = b.shape
     d = v.shape[-1]
     if slot_ids is None:
         rows, live = torch.arange(B), torch.ones(B, dtype=torch.bool)
@@ -195,9 +197,10 @@ def decode_tree(b, c, v, state, gamma, parents, *, slot_ids, keep_states: bool, 
     per-token decay, autograd, the slot ids' values; then one launch.  Validated on every call (no
     repeated-launch signature).
 
-    Returns ``(out (B, H, k, d), kept (B, H, k + 1, r, d) or None)``; the state is only read."""
-    B, H, K, r = b.shape
-    d = v.shape[-1]
+    Returns ``(out (B, H, k, d), kept (B, H, k + 1, r, d) or None)``; the state is only read.  H is the state's
+    heads; b, c, v may have fewer (grouped heads, docs/design.md §1.7)."""
+    B, _, K, r = b.shape
+    H, d = state.shape[1], v.shape[-1]
     check_parents(parents, B, K, v.device)
     torch_path = v.device.type == "cpu" and not is_interpreting()
     if torch_path:
@@ -235,14 +238,14 @@ def decode_tree_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state: t
     if state.device.type == "cpu" and not is_interpreting():
         _decode_tree_torch(b, c, v, state, gamma, out, slot_ids, kept, parents, log_decay)
         return
-    B, H, K, r = b.shape
-    d = v.shape[-1]
+    B, _, K, r = b.shape
+    H, d = state.shape[1], v.shape[-1]
     nodes = kept if kept is not None else torch.empty((B, H, K + 1, r, d), dtype=torch.float32, device=v.device)
     args = dict(
         b_ptr=b, c_ptr=c, v_ptr=v, o_ptr=out, gamma_ptr=out if gamma is None else gamma, st_ptr=state,
         slot_ptr=state if slot_ids is None else slot_ids, keep_ptr=nodes, par_ptr=parents,
-        b_strides=strides(b), c_strides=strides(c), v_strides=strides(v), o_strides=strides(out),
-        st_strides=strides(state), keep_strides=strides(nodes), par_strides=tuple(parents.stride()),
+        b_strides=group_strides(b, H), c_strides=group_strides(c, H), v_strides=group_strides(v, H),
+        o_strides=strides(out), st_strides=strides(state), keep_strides=strides(nodes), par_strides=tuple(parents.stride()),
         H=H, R=r, D=d, K=K, SLOTS=state.shape[0], BH_BUCKET=(B * H).bit_length(),
         HAS_DECAY=gamma is not None, SLOTTED=slot_ids is not None, KEEP=kept is not None,
         a_ptr=out if log_decay is None else log_decay,

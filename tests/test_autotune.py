@@ -353,7 +353,7 @@ def test_problem_args_are_built_once_and_handed_out_as_copies():
     first["BK"] = 999                      # a launcher adds its own arguments to its copy
     second = problem_args(p)
     assert "BK" not in second and second["b_ptr"] is p.b and second["HAS_DECAY"]
-    assert second["b_strides"] == b.stride()
+    assert second["b_strides"] == b.stride() + (1,)      # the group ends the tuple (1: not grouped)
 
 
 def test_an_autotuned_choice_is_launched_directly_until_the_autotuner_forgets_it(monkeypatch):

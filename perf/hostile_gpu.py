@@ -1,6 +1,7 @@
 """Hostile inputs through the public API: non-finite values, float16's range, strided indices, overlapping states.
 
-Three groups of cases (docs/nonfinite.md; issue 68), one JSON row each, written to ``--out FILE``, and a short
+Three groups of cases (docs/nonfinite.md; issue 68), one JSON row each, written to ``--out FILE`` (a result file
+of perf/common.py's ``write_run``: the run's command, device, versions, commit and date), and a short
 summary table printed last:
 
 * ``causal``: a non-finite value (inf) at row k of b, c or v, for every method, k straddling the walk's chunks,
@@ -28,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -85,8 +87,13 @@ def main(argv=None) -> int:
         range_cases(torch, device, cpu, emit)
     if "indices" in groups:
         index_cases(torch, device, emit)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    run_meta = dict(meta, device=meta["device_name"],
+                    command=" ".join(["python", "perf/hostile_gpu.py", *map(shlex.quote, argv or sys.argv[1:])]))
+    path = args.out[:-5] if args.out.endswith(".json") else args.out
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import write_run  # noqa: PLC0415  (it loads torch and triton: after TRITON_INTERPRET is set)
+
+    write_run(path, run_meta, rows, title="Hostile inputs through the public API")
     summary(rows)
     return 0
 

@@ -75,7 +75,7 @@ def choose_per_token(p: Problem) -> tuple[str, Optional[Mapping]]:
     """``auto``'s method for ``p`` with a per-token decay, among those that take one (``Method.per_token_decay``):
     the heuristic file's method where it takes one (its configs, measured with a constant decay, are left to the
     autotuner: the per-token walk forms its decays per chunk), else :func:`fallback`'s, with
-    :data:`PER_TOKEN_AUTO` for its short sequences (vanilla takes none).  CPU tensors outside the interpreter run
+    :data:`PER_TOKEN_AUTO` where that one takes none (every built-in method takes one: a method added without it).  CPU tensors outside the interpreter run
     ``lightning_attention_torch``."""
     name, _ = choose(p)
     if registry.torch_method(name) is not None or registry.supports_per_token(name):

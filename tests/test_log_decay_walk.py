@@ -250,9 +250,13 @@ def test_auto_chooses_a_method_that_takes_the_decay(monkeypatch):
     short, _ = make_problem(b[:, :, :40], c[:, :, :40], v[:, :, :40], None, log_decay=a[:, :, :40])
     monkeypatch.setattr(plan, "choose", lambda p: ("block_based", {"block_based.fwd": {"BT": 16}}))
     assert plan.choose_per_token(long) == ("block_based", None)
-    monkeypatch.setattr(plan, "choose", lambda p: ("vanilla", None))   # a method without it: the fallback's
+    monkeypatch.setattr(plan, "choose", lambda p: ("vanilla", {"vanilla.fwd": {"BT": 16}}))
+    assert plan.choose_per_token(long) == ("vanilla", None)            # every built-in method takes one
+    # were the file's method one without it, the fallback's (every built-in takes one: vanilla stands in)
+    takes = leettriton.registry.supports_per_token
+    monkeypatch.setattr(plan.registry, "supports_per_token", lambda name: name != "vanilla" and takes(name))
     assert plan.choose_per_token(long)[0] == plan.fallback(long, plan.current_family(long.v.device)) in WALKS
     assert plan.choose_per_token(short) == (plan.PER_TOKEN_AUTO, None)
     monkeypatch.undo()
     method = plan.resolve(long, "auto").method
-    assert leettriton.registry.supports_per_token(method) and method != "vanilla"
+    assert leettriton.registry.supports_per_token(method)

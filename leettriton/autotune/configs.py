@@ -298,6 +298,8 @@ def launch(kernel, grid, config: ConfigDict | None, **args):
     log = getattr(_launch_log, "log", None)
     if log is not None:
         log.append((kernel, args))
+    if is_interpreting():
+        check_arguments(kernel, args)
     if config is not None and not _fits(kernel.space, config, args):
         config = _replace_misfit(kernel.space, config, args)
     if config is None:
@@ -306,6 +308,16 @@ def launch(kernel, grid, config: ConfigDict | None, **args):
     num_warps = meta.pop("num_warps", 4)
     num_stages = meta.pop("num_stages", 2)
     return kernel.fn[grid](**args, **meta, num_warps=num_warps, num_stages=num_stages)
+
+
+def check_arguments(kernel, args: Mapping[str, Any]) -> None:
+    """Every launch argument must be a parameter of ``kernel``: a compiled launch refuses an unknown keyword
+    (``KeyError``), which Triton's interpreter lets pass; checked under the interpreter so that a CPU run finds
+    what a GPU run would refuse."""
+    unknown = sorted(set(args) - set(getattr(kernel, "arg_names", None) or kernel.fn.arg_names))
+    if unknown:
+        raise TypeError(f"{getattr(kernel.fn, '__name__', kernel)}: launch arguments that are not its parameters: "
+                        f"{', '.join(unknown)}")
 
 
 def _autotuned_launch(kernel, grid, args):

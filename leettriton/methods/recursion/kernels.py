@@ -313,6 +313,8 @@ def recursion_fwd(p: Problem, plan: Plan) -> None:
         sub = p if (b0, b1, h0, h1) == (0, B, 0, H) else _block(p, b0, b1, h0, h1)
         args = problem_args(sub)
         args.update(decay_args(sub))
+        # the level kernel reads the decays' sums tree, never a itself: its flag only
+        level_args = {k: x for k, x in args.items() if k not in ("a_ptr", "a_strides")}
         BH = (b1 - b0) * (h1 - h0)
         # with a per-token decay, row l of the sums tree holds at each slot the sum of a · log2 e over the
         # block of 2^l leaves ending there (row 0: the leaves'), written level by level beside the states
@@ -330,7 +332,7 @@ def recursion_fwd(p: Problem, plan: Plan) -> None:
                 if pairs == 0:
                     break
                 grid = lambda meta: (pairs, cdiv(r * d, meta["BLOCK"]), BH)  # noqa: E731
-                launch(_recursion_level_kernel, grid, config.get(spaces.LEVEL.name), **args,
+                launch(_recursion_level_kernel, grid, config.get(spaces.LEVEL.name), **level_args,
                        tree_ptr=tree, NS=ns, SPAN=span, LEAF=leaf, sums_ptr=sums, SUMS_BH=sums_bh, LEV=lev)
         else:
             # no level reaches any tile: never read, but typed float32 like a tree, as the kernel's

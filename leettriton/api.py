@@ -547,7 +547,7 @@ VARLEN_NATIVE = ("lightning_attention", "block_based")
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
                             has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
-                            check_indices: bool = True, log_decay=None):
+                            check_indices: bool = True, log_decay=None, out=None):
     """The operator over a packed batch of variable-length sequences, each on its own (docs/design.md §13.2).
 
     Sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]) of the packed tokens; its output is that of
@@ -558,8 +558,10 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
             (float16, bfloat16 or float32; any strides: no copy is made).  Grouped heads as in
             :func:`linear_attention` (docs/design.md §1.7): gamma, the pool, the states and the output have
             heads = max(heads_k, heads_v).
-        cu_seqlens: int32/int64 ``(N + 1,)`` on the inputs' device: 0, then non-decreasing, ending at T.
-            Zero-length sequences are allowed.
+        cu_seqlens: int32/int64 ``(N + 1,)`` on the inputs' device: 0, then non-decreasing, ending at most at
+            T.  Zero-length sequences are allowed; rows past ``cu_seqlens[-1]`` are padding (a fixed-size
+            buffer's: neither read nor written), as are the sequences of a fixed-size ``cu_seqlens`` whose
+            offsets repeat (empty).
         gamma: as in :func:`linear_attention` (per head, shared by the sequences).
         method: ``"auto"`` (the packed chunk walk), ``"lightning_attention"`` or ``"block_based"`` (the same
             walk), or a ``"<method>_torch"`` twin (one PyTorch call per sequence: a reference path, with a
@@ -585,6 +587,10 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         log_decay: a per-token decay instead of gamma, ``(T, heads)`` (a ≤ 0, float32 or the inputs' dtype, any
             strides; docs/design.md §1.6), read by the packed chunk walk as it is (``auto``,
             ``"lightning_attention"``, ``"block_based"``) or by a ``"<method>_torch"`` twin.
+        out: a preallocated output ``(T, heads, d)`` of v's dtype, written in place (its padding rows are left
+            as they are) and returned; with fixed-size buffers, ``check_indices=False`` and ``slot_ids`` −1 for
+            padding sequences, a batch of prefills and one-token decodes is one call whose launch does not
+            depend on values, so a CUDA graph can capture it (docs/design.md §13.8).
 
     Returns:
         The output ``(T, heads, d)`` in v's dtype; with ``return_state=True``, ``(output, states)``.
@@ -603,14 +609,15 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         # the checks of metadata alone, made while tracing (γ's: split_gamma's)
         make_varlen_problem(b, c, v, cu_seqlens, None, state_pool=state_pool, slot_ids=slot_ids,
                             has_initial_state=has_initial_state, return_state=return_state, precision=precision,
-                            check_indices=False)
+                            check_indices=False, out=out)
         return ops.linear_attention_varlen(b, c, v, cu_seqlens, gamma, method=method, state_pool=state_pool,
                                            slot_ids=slot_ids, has_initial_state=has_initial_state,
-                                           return_state=return_state, precision=precision, log_decay=log_decay)
+                                           return_state=return_state, precision=precision, log_decay=log_decay,
+                                           out=out)
     name = registry.canonical_method(method)
     p, out = make_varlen_problem(b, c, v, cu_seqlens, gamma, state_pool=state_pool, slot_ids=slot_ids,
                                  has_initial_state=has_initial_state, return_state=return_state,
-                                 precision=precision, check_indices=check_indices)
+                                 precision=precision, check_indices=check_indices, out=out)
     B, H, T, r, d = p.shape
     if log_decay is not None:
         check_autograd("linear_attention_varlen", log_decay)

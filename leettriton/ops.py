@@ -312,27 +312,34 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 
 # --------------------------------------------------------------------------- varlen
 
-@_custom_op("leettriton::linear_attention_varlen", mutates_args=("state_pool",))
+@_custom_op("leettriton::linear_attention_varlen", mutates_args=("state_pool", "out"))
 def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor, gamma: Optional[Tensor],
                              gamma_value: Optional[float], method: str, state_pool: Optional[Tensor],
                              slot_ids: Optional[Tensor], has_initial_state: Optional[Tensor], return_state: bool,
-                             precision: Optional[str], log_decay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                             precision: Optional[str], log_decay: Optional[Tensor] = None,
+                             out: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """With ``out`` (mutated in place) the output slot of the result is an empty stand-in: an operator never
+    returns one of its inputs."""
     with torch.no_grad(), guarded(v):
         res = _EAGER["linear_attention_varlen"](
             b, c, v, cu_seqlens, _gamma(gamma, gamma_value), method=method, state_pool=state_pool,
             slot_ids=slot_ids, has_initial_state=has_initial_state, return_state=return_state, precision=precision,
-            check_indices=not _skips(v), log_decay=log_decay)
+            check_indices=not _skips(v), log_decay=log_decay, out=out)
+    o, states = (res[0], res[1]) if return_state else (res, None)
+    if out is not None:
+        o = v.new_empty((0,))
     if return_state and state_pool is None:
-        return res[0], res[1]
-    return (res[0] if return_state else res), _no_state(v)
+        return o, states
+    return o, _no_state(v)
 
 
 @_linear_attention_varlen.register_fake
 def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, method, state_pool, slot_ids,
-                                  has_initial_state, return_state, precision, log_decay=None):
+                                  has_initial_state, return_state, precision, log_decay=None, out=None):
     T, _, r = b.shape
     H = max(b.shape[1], c.shape[1], v.shape[1])   # the output's heads (grouped heads: docs/design.md §1.7)
-    out = torch.empty((T, H, v.shape[-1]), dtype=v.dtype, device=v.device)
+    shape = (0,) if out is not None else (T, H, v.shape[-1])
+    out = torch.empty(shape, dtype=v.dtype, device=v.device)
     if return_state and state_pool is None:
         return out, torch.empty((cu_seqlens.shape[0] - 1, H, r, v.shape[-1]), dtype=torch.float32, device=v.device)
     return out, _no_state(v)
@@ -340,12 +347,13 @@ def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, metho
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
                             has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
-                            log_decay=None):
-    """:func:`leettriton.linear_attention_varlen` through its operator."""
+                            log_decay=None, out=None):
+    """:func:`leettriton.linear_attention_varlen` through its operator (``out``, if given, written in place)."""
     g, g_value = split_gamma(gamma, max(b.shape[1], c.shape[1], v.shape[1]), v.device)
-    out, states = torch.ops.leettriton.linear_attention_varlen(b, c, v, cu_seqlens, g, g_value, method, state_pool,
+    res, states = torch.ops.leettriton.linear_attention_varlen(b, c, v, cu_seqlens, g, g_value, method, state_pool,
                                                                slot_ids, has_initial_state, bool(return_state),
-                                                               precision, log_decay)
+                                                               precision, log_decay, out)
+    out = res if out is None else out
     if not return_state:
         return out
     return out, (state_pool if state_pool is not None else states)

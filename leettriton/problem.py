@@ -641,8 +641,9 @@ def check_slot_values(name: str, slot_ids: torch.Tensor, slots: int, check: bool
 
 
 def check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, check: bool) -> None:
-    """cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = T (``total``): one device sync on CUDA, once
-    per tensor version, never while capturing, not at all when ``check`` is False."""
+    """cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] ≤ T (``total``; the rows past it are a fixed-size
+    buffer's padding): one device sync on CUDA, once per tensor version, never while capturing, not at all when
+    ``check`` is False."""
     if not check or _CHECKED_INDICES.seen(cu_seqlens, ("total", total)) or _capturing(cu_seqlens):
         return
     cu = cu_seqlens.detach()
@@ -654,8 +655,8 @@ def check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, check: bool) -
         at = int((steps < 0).nonzero()[0])
         raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{at}] = {int(cu[at])} > "
                          f"cu_seqlens[{at + 1}] = {int(cu[at + 1])}")
-    if last != total:
-        raise ValueError(f"cu_seqlens must end at the number of packed tokens T = {total} (dim 0 of b), "
+    if last > total:
+        raise ValueError(f"cu_seqlens must end at most at the number of packed tokens T = {total} (dim 0 of b), "
                          f"got cu_seqlens[-1] = {last}")
     _CHECKED_INDICES.remember(cu_seqlens, ("total", total))
 
@@ -711,10 +712,12 @@ def packed(x: torch.Tensor) -> torch.Tensor:
 
 def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slot_ids=None, has_initial_state=None,
                         return_state: bool = False, precision: Optional[str] = None,
-                        check_indices: bool = True) -> tuple[VarlenProblem, torch.Tensor]:
+                        check_indices: bool = True, out=None) -> tuple[VarlenProblem, torch.Tensor]:
     """Validate a packed call of ``linear_attention_varlen`` and build its :class:`VarlenProblem`.
 
-    Returns the problem and the output ``(T, H, d)``.  Every check runs before any launch; those that
+    Returns the problem and the output ``(T, H, d)`` (``out`` itself when given: a preallocated tensor of
+    that shape and v's dtype, written in place, refused when its elements overlap or it shares memory with what
+    the call reads or writes).  Every check runs before any launch; those that
     read index values on the device (cu_seqlens, slot ids) cost one sync each on CUDA, once per tensor
     version, and are skipped with ``check_indices=False`` (docs/design.md §13.3).  The index tensors
     (cu_seqlens, slot ids, flags) are taken as the kernel reads them, contiguous (:func:`index_as_read`),
@@ -766,11 +769,21 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
         check_unshared("state_pool", state_pool, (("b", b), ("c", c), ("v", v), ("gamma", gamma_h),
                                                   ("cu_seqlens", cu), ("slot_ids", slot_ids),
                                                   ("has_initial_state", has_initial_state)))
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be None or a tensor (T, heads, d) = {(T, H, d)}, got {type_name(out)}")
+        if tuple(out.shape) != (T, H, d) or out.dtype != v.dtype or out.device != device:
+            raise ValueError(f"out must be a {v.dtype} tensor of shape (T, heads, d) = {(T, H, d)} on {device}, "
+                             f"got {type_name(out)}")
+        check_own_memory("out", out)
+        check_unshared("out", out, (("b", b), ("c", c), ("v", v), ("gamma", gamma_h), ("cu_seqlens", cu),
+                                    ("slot_ids", slot_ids), ("has_initial_state", has_initial_state),
+                                    ("state_pool", state_pool)))
     check_cu_seqlens_values(cu, T, check_indices)
     if state_pool is not None:
         check_slot_values("slot_ids", slot_ids, slots, check_indices)
 
-    out = new_empty((T, H, d), v.dtype, device)
+    out = new_empty((T, H, d), v.dtype, device) if out is None else out
     if state_pool is not None:
         state = state_pool
     else:

@@ -314,7 +314,10 @@ def check_arguments(kernel, args: Mapping[str, Any]) -> None:
     """Every launch argument must be a parameter of ``kernel``: a compiled launch refuses an unknown keyword
     (``KeyError``), which Triton's interpreter lets pass; checked under the interpreter so that a CPU run finds
     what a GPU run would refuse."""
-    unknown = sorted(set(args) - set(getattr(kernel, "arg_names", None) or kernel.fn.arg_names))
+    names = getattr(kernel, "arg_names", None) or getattr(getattr(kernel, "fn", None), "arg_names", None)
+    if names is None:   # not a Triton kernel (a stand-in): nothing to check against
+        return
+    unknown = sorted(set(args) - set(names))
     if unknown:
         raise TypeError(f"{getattr(kernel.fn, '__name__', kernel)}: launch arguments that are not its parameters: "
                         f"{', '.join(unknown)}")

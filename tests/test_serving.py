@@ -274,7 +274,7 @@ def _i32(*values):
 VARLEN_ERRORS = {
     "cu-not-from-0": (dict(cu_seqlens=_i32(1, 3, 3, 8)), ValueError, r"cu_seqlens must start at 0"),
     "cu-decreasing": (dict(cu_seqlens=_i32(0, 5, 3, 8)), ValueError, r"non-decreasing.*cu_seqlens\[1\] = 5"),
-    "cu-not-to-T": (dict(cu_seqlens=_i32(0, 3, 3, 7)), ValueError, r"end at .* T = 8"),
+    "cu-past-T": (dict(cu_seqlens=_i32(0, 3, 3, 9)), ValueError, r"end at most at .* T = 8"),   # rows past it: padding
     "cu-float": (dict(cu_seqlens=torch.tensor([0.0, 3.0, 3.0, 8.0])), TypeError, r"cu_seqlens must be int32 or int64"),
     "cu-2d": (dict(cu_seqlens=_i32(0, 3, 3, 8)[None]), ValueError, r"cu_seqlens must have shape 1-D"),
     "cu-device": (dict(cu_seqlens=torch.tensor([0, 3, 3, 8], device="meta")), ValueError,

@@ -189,16 +189,21 @@ def commit_accepted(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: to
         num_accepted_tokens: ``(batch,)`` integers in [0, k]: tokens whose update is kept (vLLM
             ``GDNAttentionMetadata.num_accepted_tokens`` counts the bonus token, so it is ≥ 1).
     """
-    for name, x in (("state_pool", state_pool), ("slot_ids", slot_ids), ("states", states),
-                    ("num_accepted_tokens", num_accepted_tokens)):
+    _commit(state_pool, slot_ids, states, "num_accepted_tokens", num_accepted_tokens, 0)
+
+
+def _commit(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: torch.Tensor, name: str, index, shift: int):
+    """``state_pool[slot_ids[i]] = states[i, :, index[i] + shift]`` (the index clamped to the kept states), after
+    the checks of the arguments' types and shapes: :func:`commit_accepted` and :func:`commit_tree`."""
+    for what, x in (("state_pool", state_pool), ("slot_ids", slot_ids), ("states", states), (name, index)):
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if states.dim() != 5 or states.shape[0] != slot_ids.shape[0] or num_accepted_tokens.shape != slot_ids.shape:
-        raise ValueError(f"states must be (batch, heads, k + 1, r, d) and num_accepted_tokens (batch,) with "
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if states.dim() != 5 or states.shape[0] != slot_ids.shape[0] or index.shape != slot_ids.shape:
+        raise ValueError(f"states must be (batch, heads, k + 1, r, d) and {name} (batch,) with "
                          f"batch = len(slot_ids) = {slot_ids.shape[0]}, got states {tuple(states.shape)} and "
-                         f"num_accepted_tokens {tuple(num_accepted_tokens.shape)}")
+                         f"{name} {tuple(index.shape)}")
     B, H, K1, r, d = states.shape
-    at = num_accepted_tokens.long().clamp(0, K1 - 1).reshape(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
+    at = (index.long() + shift).clamp(0, K1 - 1).reshape(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
     _scatter_states(state_pool, slot_ids, states.gather(2, at).squeeze(2))
 
 
@@ -221,17 +226,7 @@ def commit_tree(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: torch.
             draft token was accepted (the root: the slot keeps its state).  Values outside [−1, k − 1] are
             clamped on the device (never read on the host).
     """
-    for name, x in (("state_pool", state_pool), ("slot_ids", slot_ids), ("states", states),
-                    ("accepted_node", accepted_node)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if states.dim() != 5 or states.shape[0] != slot_ids.shape[0] or accepted_node.shape != slot_ids.shape:
-        raise ValueError(f"states must be (batch, heads, k + 1, r, d) and accepted_node (batch,) with "
-                         f"batch = len(slot_ids) = {slot_ids.shape[0]}, got states {tuple(states.shape)} and "
-                         f"accepted_node {tuple(accepted_node.shape)}")
-    B, H, K1, r, d = states.shape
-    at = (accepted_node.long() + 1).clamp(0, K1 - 1).reshape(B, 1, 1, 1, 1).expand(B, H, 1, r, d)
-    _scatter_states(state_pool, slot_ids, states.gather(2, at).squeeze(2))
+    _commit(state_pool, slot_ids, states, "accepted_node", accepted_node, 1)
 
 
 def _no_prefix_tracking(engine: str, field: str) -> NotImplementedError:

@@ -21,7 +21,7 @@ from ..ops import is_compiling
 from .fused import rotary, uses_kernels
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
-           "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index"]
+           "check_per_token_method", "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index"]
 
 
 def _one_plus_elu(x):
@@ -53,6 +53,16 @@ def _describe(x) -> str:
     if isinstance(x, torch.Tensor):
         return f"a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
     return type(x).__name__
+
+
+def check_per_token_method(method) -> str:
+    """A layer's prefill method that takes a per-token decay (or ``"auto"``): its canonical name, else a
+    ValueError naming the methods that do."""
+    name = check_method(method)
+    if not registry.supports_per_token(name):
+        raise ValueError(f"method must take a per-token decay (one of {registry.per_token_methods()}), got "
+                         f"{method!r}")
+    return name
 
 
 def check_hidden(name: str, x, hidden_size: int, shape: str) -> None:

@@ -9,10 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import registry
 from .cache import LinearAttentionCache
 from .conv import ShortConvolution
-from .functional import activation, attend, check_attention_mask, check_hidden, check_method
+from .functional import activation, attend, check_attention_mask, check_hidden, check_per_token_method
 from .fused import rms_norm_gate
 from .retention import HeadRMSNorm
 
@@ -123,11 +122,7 @@ class SimpleGatedLinearAttention(nn.Module):
     def set_method(self, method: str, precision: Optional[str] = None) -> None:
         """Switch the prefill method (one that takes a per-token decay, or ``"auto"``) and the float32
         precision."""
-        name = check_method(method)
-        if not registry.supports_per_token(name):
-            raise ValueError(f"method must take a per-token decay (one of {registry.per_token_methods()}), got "
-                             f"{method!r}")
-        self.method, self.precision = name, precision
+        self.method, self.precision = check_per_token_method(method), precision
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "

@@ -21,7 +21,8 @@ from ..ops import is_compiling
 from .fused import rotary, uses_kernels
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
-           "check_per_token_method", "check_hidden", "check_positions", "check_attention_mask", "checked_mask", "contiguous_index"]
+           "check_per_token_method", "check_hidden", "check_positions", "check_attention_mask", "checked_mask",
+           "contiguous_index"]
 
 
 def _one_plus_elu(x):

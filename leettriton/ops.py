@@ -316,10 +316,11 @@ def decode_tokens(b, c, v, state, gamma=None, *, slot_ids=None, keep_states: boo
 def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor, gamma: Optional[Tensor],
                              gamma_value: Optional[float], method: str, state_pool: Optional[Tensor],
                              slot_ids: Optional[Tensor], has_initial_state: Optional[Tensor], return_state: bool,
-                             precision: Optional[str], log_decay: Optional[Tensor] = None,
-                             out: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                             precision: Optional[str], log_decay: Optional[Tensor],
+                             out: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """With ``out`` (mutated in place) the output slot of the result is an empty stand-in: an operator never
-    returns one of its inputs."""
+    returns one of its inputs.  No argument has a default: a mutated argument after a defaulted one is missing
+    from the boxed call where it is left at its default, which torch 2.11's in-place bookkeeping indexes."""
     with torch.no_grad(), guarded(v):
         res = _EAGER["linear_attention_varlen"](
             b, c, v, cu_seqlens, _gamma(gamma, gamma_value), method=method, state_pool=state_pool,
@@ -335,7 +336,7 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
 
 @_linear_attention_varlen.register_fake
 def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, method, state_pool, slot_ids,
-                                  has_initial_state, return_state, precision, log_decay=None, out=None):
+                                  has_initial_state, return_state, precision, log_decay, out):
     T, _, r = b.shape
     H = max(b.shape[1], c.shape[1], v.shape[1])   # the output's heads (grouped heads: docs/design.md §1.7)
     shape = (0,) if out is not None else (T, H, v.shape[-1])

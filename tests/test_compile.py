@@ -19,6 +19,7 @@ from leettriton.models import RetNetConfig, RetNetForCausalLM, TransNormerConfig
 from leettriton.nn import LinearAttentionCache, MultiScaleRetention, NormLinearAttention
 from leettriton.reference import tolerance
 
+from conftest import DEVICE
 from helpers import assert_close
 
 OPS = torch.ops.leettriton
@@ -93,21 +94,22 @@ def test_a_float_gamma_first_met_while_tracing_serves_later_eager_calls():
 
 
 def test_a_compiled_call_reads_no_gamma_value_but_its_kernels_guard():
-    b, c, v = (rand(1, 2, 8, 4, seed=i) for i in range(3))
-    bad = torch.tensor([1.5, 0.9])
+    # on the kernels' device: CPU tensors on a GPU machine take the PyTorch twins, which check on the host
+    b, c, v = (rand(1, 2, 8, 4, seed=i).to(DEVICE) for i in range(3))
+    bad = torch.tensor([1.5, 0.9], device=DEVICE)
     with pytest.raises(ValueError, match="gamma"):
         leettriton.linear_attention(b, c, v, bad)          # eager: checked on the host
     o = compiled(lambda b, c, v, g: leettriton.linear_attention(b, c, v, g))(b, c, v, bad)
     assert torch.isnan(o[:, 0]).all()                      # the kernels' guard: the bad head's rows are NaN
-    assert torch.equal(o[:, 1], leettriton.linear_attention(b, c, v, torch.tensor([0.5, 0.9]))[:, 1])
+    assert torch.equal(o[:, 1], leettriton.linear_attention(b, c, v, torch.tensor([0.5, 0.9], device=DEVICE))[:, 1])
     # metadata is still checked while tracing (fullgraph: dynamo's error names the ValueError)
     with pytest.raises(Exception, match=r"gamma must have shape \(2,\) or \(2, 1\)"):
-        compiled(lambda b, c, v: leettriton.linear_attention(b, c, v, torch.ones(3)))(b, c, v)
+        compiled(lambda b, c, v: leettriton.linear_attention(b, c, v, torch.ones(3, device=DEVICE)))(b, c, v)
     with pytest.raises(Exception, match=r"v must match b in batch, heads and n"):
         compiled(lambda b, c, v: leettriton.linear_attention(b, c, v[:, :, :3]))(b, c, v)
     with pytest.raises(Exception, match=r"state must have shape"):
         compiled(lambda b, c, v, s: leettriton.decode_step(b, c, v, s))(b[:, :, 0], c[:, :, 0], v[:, :, 0],
-                                                                        torch.zeros(1, 2, 4, 5))
+                                                                        torch.zeros(1, 2, 4, 5, device=DEVICE))
 
 
 def test_decode_steps_with_a_slotted_pool_update_it_in_place():
@@ -270,7 +272,10 @@ def test_opcheck_every_operator():
     T = 7
     opcheck(OPS.linear_attention_varlen, (rand(T, 2, 4), rand(T, 2, 4, seed=1), rand(T, 2, 4, seed=2),
                                           torch.tensor([0, 3, 3, 7]), gamma, None, "auto", pool, slots,
-                                          torch.tensor([True, False, True]), True, None))
+                                          torch.tensor([True, False, True]), True, None, None, None))
+    opcheck(OPS.linear_attention_varlen, (rand(T, 2, 4), rand(T, 2, 4, seed=1), rand(T, 2, 4, seed=2),   # out=
+                                          torch.tensor([0, 3, 3, 7]), gamma, None, "auto", pool, slots,
+                                          torch.tensor([True, False, True]), False, None, None, rand(T, 2, 4)))
     opcheck(OPS.slice_state, (*grad[:3], gamma, None, grad[3], "auto", "bhnd", None))        # distributed's
     opcheck(OPS.slice_state, (b.transpose(1, 2), c.transpose(1, 2), grad[2].transpose(1, 2), None, 0.9, None,
                               "vanilla_torch", "bnhd", None))

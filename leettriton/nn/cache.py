@@ -157,7 +157,8 @@ class LinearAttentionCache:
 
     def has_previous_state(self, layer_idx: Optional[int] = None, state_idx: Optional[int] = None) -> bool:
         entries = self.layers if layer_idx is None else self.layers[layer_idx:layer_idx + 1]
-        return bool(entries) and all(entry.state is not None for entry in entries)
+        # len, not bool(list): torch 2.11's compiler does not trace the latter
+        return len(entries) > 0 and all(entry.state is not None for entry in entries)
 
     def reset(self) -> None:
         """Forget every token: the next call starts from a zero state at position 0."""

@@ -122,7 +122,8 @@ def test_pieces_of_a_wider_r():
 def test_two_part_bfloat16_operands(method):
     """The backward's db call (``two_part``, docs/design.md §10.4) with a per-token decay: the state operand and the
     decayed values in two bfloat16 parts bring the output and the state closer to the oracle (the segment states
-    too)."""
+    too).  The state (float32) must gain tenfold; the output, rounded to bfloat16 at the end (a floor both calls
+    share) and carrying the rounded scores of its own chunk (which two parts leave as they are), must gain."""
     B, H, n, r, d = 1, 2, N_PREFIX, 16, 16
     b, c, v, a = _inputs(B, H, n, r, d, dtype=torch.bfloat16, seed=8, strength=0.05)
     s0 = torch.randn(B, H, r, d, generator=torch.Generator().manual_seed(9)).to(DEVICE)
@@ -132,7 +133,7 @@ def test_two_part_bfloat16_operands(method):
         p, out = make_problem(b, c, v, None, initial_state=s0, return_state=True, two_part=two_part, log_decay=a)
         run_problem(p, method)
         err.append([float((x.double() - y).norm() / y.norm()) for x, y in ((out, ref), (p.state, ref_state))])
-    assert err[1][0] < 0.8 * err[0][0], f"output: two parts {err[1][0]:.2e}, one rounding {err[0][0]:.2e}"
+    assert err[1][0] < err[0][0], f"output: two parts {err[1][0]:.2e}, one rounding {err[0][0]:.2e}"
     assert err[1][1] < 0.1 * err[0][1], f"state: two parts {err[1][1]:.2e}, one rounding {err[0][1]:.2e}"
     assert err[1][0] < tolerance(torch.bfloat16)
 
@@ -197,9 +198,28 @@ def test_gradients_match_float64_autograd_through_the_oracle(method, layout):
     def oracle(b, c, v, s0, a):
         return reference(b, c, v, log_decay=a, layout=layout, initial_state=s0, return_state=True)
 
-    for name, x, y in zip(("b", "c", "v", "initial_state", "log_decay"), _grads(ours, inputs), _grads(oracle, inputs)):
+    ref_grads = _grads(oracle, inputs)
+    # ∂L/∂a_t = Σ_{i ≥ t} (b_i · db_i − c_i · dc_i) (+ dS ⊙ S at the last row, docs/design.md §10.6): a sum of n
+    # float32 terms that cancel to far below them, so its error is measured against their magnitudes
+    terms = _decay_grad_terms(*(x.detach().double() for x in inputs[:2]), *ref_grads[:2], layout, oracle(*inputs),
+                              seed=13)
+    for name, x, y in zip(("b", "c", "v", "initial_state", "log_decay"), _grads(ours, inputs), ref_grads):
         assert x.dtype == y.dtype and x.shape == y.shape
-        assert_close(x, y.double(), tolerance(torch.float32), f"{method} d{name}")
+        assert_close(x, y.double(), tolerance(torch.float32), f"{method} d{name}",
+                     terms=terms if name == "log_decay" else None)
+
+
+def _decay_grad_terms(b, c, db, dc, layout, result, seed):
+    """Σ_{i ≥ t} (|b_i ⊙ db_i| + |c_i ⊙ dc_i|) summed over r (+ |dS ⊙ S| at the last row), in ``layout``'s
+    (B, H, n) or (B, n, H): the magnitudes of the terms ∂L/∂a_t sums (dS drawn as :func:`_grads` draws it)."""
+    out, state = result
+    g = torch.Generator().manual_seed(seed)
+    torch.randn(out.shape, generator=g)   # the output's weights come first
+    gs = torch.randn(state.shape, generator=g).to(state.device, torch.float64)
+    t = (lambda x: x) if layout == "bhnd" else (lambda x: x.transpose(1, 2))
+    dG = (t(b) * t(db)).abs().sum(-1) + (t(c) * t(dc)).abs().sum(-1)
+    dG[..., -1] += (gs * state.detach().double()).abs().sum(dim=(-1, -2))
+    return t(torch.flip(torch.cumsum(torch.flip(dG, [-1]), -1), [-1]))
 
 
 @pytest.mark.parametrize("method,dtype", [("auto", torch.float32), ("block_based", torch.bfloat16)])

@@ -280,7 +280,7 @@ def masked_product(acc, b_ptr, c_ptr, v_ptr, b_strides, c_strides, v_strides, o_
     else:
         down = 1.0
     if CAUSAL:
-        return acc + lower_values_product(round_to(scores, b_vj.dtype), b_vj, o_i, o_j, DOT_PRECISION) * down
+        return lower_values_product(acc, round_to(scores, b_vj.dtype), b_vj, o_i, o_j, down, DOT_PRECISION)
     return acc + mma(round_to(scores, b_vj.dtype), b_vj, DOT_PRECISION) * down  # [BT, BJ] @ [BJ, BV]
 
 
@@ -322,18 +322,21 @@ def any_nonfinite(x):
 
 
 @triton.jit
-def lower_values_product(scores, b_v, o_i, o_j, PRECISION: tl.constexpr):
-    """``scores @ v`` ([BT, BJ] @ [BJ, BV]) for scores that are zero wherever key ``o_j`` comes after row
-    ``o_i`` (selected so), such that a non-finite v_j reaches rows i ≥ j only.
+def lower_values_product(acc, scores, b_v, o_i, o_j, down, PRECISION: tl.constexpr):
+    """``acc + (scores @ v) · down`` ([BT, BJ] @ [BJ, BV]) for scores that are zero wherever key ``o_j`` comes
+    after row ``o_i`` (selected so), such that a non-finite v_j reaches rows i ≥ j only.
 
     A plain product multiplies those zeros by every v_j, and 0 · ±inf is NaN in the earlier rows.  Here v
     enters with its non-finite entries set to zero, and each value column's rows from its first non-finite
-    entry on are NaN (the definition gives them ±inf or NaN): one product, as the fast form's.
+    entry on are NaN in ``acc`` (the definition gives them ±inf or NaN).  The rest is the fast form's
+    expression, ``acc + mma(scores, v) · down``, operand for operand: the compiler lowers both alike (the
+    product accumulates onto ``acc`` where ``down`` is the constant 1), so the rows before a non-finite key
+    are the fast form's bit for bit (docs/nonfinite.md).
     """
     bad = nonfinite(b_v)
     first = tl.min(tl.where(bad, o_j[:, None], 2147483647), axis=0)  # [BV]: the first key with a non-finite v
-    clean = mma(scores, tl.where(bad, 0.0, b_v).to(b_v.dtype), PRECISION)  # [BT, BJ] @ [BJ, BV]
-    return tl.where(o_i[:, None] >= first[None, :], float("nan"), clean)
+    acc = tl.where(o_i[:, None] >= first[None, :], float("nan"), acc)
+    return acc + mma(scores, tl.where(bad, 0.0, b_v).to(b_v.dtype), PRECISION) * down  # [BT, BJ] @ [BJ, BV]
 
 
 @triton.jit

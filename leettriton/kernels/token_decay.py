@@ -131,7 +131,7 @@ def token_masked_product(acc, b_ptr, c_ptr, v_ptr, b_strides, c_strides, v_strid
     else:
         down = 1.0
     if CAUSAL:
-        return acc + lower_values_product(round_to(scores, b_vj.dtype), b_vj, o_i, o_j, DOT_PRECISION) * down
+        return lower_values_product(acc, round_to(scores, b_vj.dtype), b_vj, o_i, o_j, down, DOT_PRECISION)
     return acc + mma(round_to(scores, b_vj.dtype), b_vj, DOT_PRECISION) * down  # [BT, BJ] @ [BJ, BV]
 
 

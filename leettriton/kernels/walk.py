@@ -317,31 +317,30 @@ def _add_update(s, g_chunk, b_vd, b_vdt, c, PRECISION: tl.constexpr, TWO_PART: t
 
 
 @triton.jit
-def _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL: tl.constexpr, PIECE: tl.constexpr,
+def _values_times_scores(acc, b_vt, b_at, b_att, o_t, CAUSAL: tl.constexpr, PIECE: tl.constexpr,
                          PRECISION: tl.constexpr):
-    """vᵀ scoresᵀ for one chunk: [BV, BT] @ [BT, BT], ``b_at`` the masked decayed scoresᵀ (float32, entry [j, i])
-    and ``b_att`` the same rounded to v's dtype; with ``PIECE`` what the rounding dropped as a second product.
+    """``acc`` + vᵀ scoresᵀ for one chunk: [BV, BT] @ [BT, BT], ``b_at`` the masked decayed scoresᵀ (float32,
+    entry [j, i]) and ``b_att`` the same rounded to v's dtype; with ``PIECE`` what the rounding dropped as a
+    second product.
 
     ``CAUSAL`` (the walk's slow form, docs/nonfinite.md): zero scores (masked or decayed away) times a
     non-finite v_j would be NaN in rows i < j, so v enters with its non-finite entries set to zero, and each
-    value column's rows from its first non-finite entry on are NaN (the definition gives them ±inf or NaN)."""
+    value column's rows from its first non-finite entry on are NaN in ``acc`` (the definition gives them ±inf
+    or NaN).  Otherwise the same expression as the fast form, operand for operand, so the compiler lowers both
+    alike and the rows before a non-finite value are the fast form's bit for bit."""
     if PIECE:
         b_lo = low_part(b_at, b_att, b_vt.dtype)
     if CAUSAL:
         bad = nonfinite(b_vt)
         first = tl.min(tl.where(bad, o_t[None, :], 2147483647), axis=1)  # [BV]: each column's first non-finite row
-        b_clean = tl.where(bad, 0.0, b_vt).to(b_vt.dtype)
-        out = mma(b_clean, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
-        if PIECE:
-            out += mma(b_clean, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
-        return tl.where(o_t[None, :] >= first[:, None], float("nan"), out)
-    else:
-        out = mma(b_vt, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
-        if PIECE:
-            # a piece of a wider r: its scores are partial sums over its keys, which may cancel between
-            # pieces, so what their rounding dropped goes in as a second product (kernels/pieces.py)
-            out += mma(b_vt, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
-        return out
+        acc = tl.where(o_t[None, :] >= first[:, None], float("nan"), acc)
+        b_vt = tl.where(bad, 0.0, b_vt).to(b_vt.dtype)
+    out = acc + mma(b_vt, b_att, PRECISION)  # [BV, BT] @ [BT, BT]
+    if PIECE:
+        # a piece of a wider r: its scores are partial sums over its keys, which may cancel between
+        # pieces, so what their rounding dropped goes in as a second product (kernels/pieces.py)
+        out += mma(b_vt, b_lo, PRECISION)  # [BV, BT] @ [BT, BT]
+    return out
 
 
 @triton.jit
@@ -550,11 +549,16 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
             b_at = b_at * m_intra_t
         if F16 and CAUSAL:
             # a tile past float16's range (or all below its normal range) scaled by a power of two, undone
-            # on the float32 product; a tile within it as it is
+            # on the float32 product; a tile within it as it is, by the fast form's expression (its rows bit
+            # for bit the fast form's, docs/nonfinite.md)
             up, down = float16_tile_scale(b_at)
-            b_at = b_at * up
-            b_att = round_to(b_at, b_vt.dtype)
-            b_ot += _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION) * down
+            if up == 1.0:
+                b_ot = _values_times_scores(b_ot, b_vt, b_at, round_to(b_at, b_vt.dtype), o_t, CAUSAL, PIECE,
+                                            DOT_PRECISION)
+            else:
+                b_at = b_at * up
+                b_ot += _values_times_scores(tl.zeros([BV, BT], dtype=tl.float32), b_vt, b_at,
+                                             round_to(b_at, b_vt.dtype), o_t, CAUSAL, PIECE, DOT_PRECISION) * down
         else:
             if F16:
                 m_key = tl.max(tl.abs(b_at), axis=1)  # [BT]: each key's largest score in this chunk
@@ -562,7 +566,7 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
                 # a key's row of zeros (padding, or no row) is neither low nor seen
                 key_low = tl.maximum(key_low, ((m_key > 0.0) & (m_key < FP16_MIN_NORMAL)).to(tl.int32))
             b_att = round_to(b_at, b_vt.dtype)
-            b_ot += _values_times_scores(b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION)
+            b_ot = _values_times_scores(b_ot, b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION)
         if ACC:
             b_ot += b_acc
         store_tile(p_o, b_ot, o_v, o_t, stride_od, stride_on, D, rows)

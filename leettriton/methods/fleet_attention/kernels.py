@@ -106,8 +106,8 @@ def _operand(x, IN_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr):
-    """L @ (c ⊙ v) for one rank column ``b_c`` [BT] and the block's values ``b_v`` [BT, BV].
+def _decayed_sum(acc, b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr):
+    """``acc`` + L @ (c ⊙ v) for one rank column ``b_c`` [BT] and the block's values ``b_v`` [BT, BV].
 
     c ⊙ v is exact in float32 (a product of two 16-bit values has at most 22 significant bits).
     For 16-bit inputs it enters the product as two operands of the inputs' dtype, hi = c ⊙ v
@@ -121,8 +121,9 @@ def _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.c
     ``CAUSAL`` (the slow form, taken by a block whose output is not finite, docs/nonfinite.md): L's zeros
     above the diagonal times a non-finite c_j v_j would be NaN in rows i < j, so c ⊙ v enters with its
     non-finite entries set to zero, and each value column's rows from its first non-finite entry on are
-    NaN (the definition gives them ±inf or NaN); for float16 a tile of c ⊙ v past float16's range goes in
-    scaled.
+    NaN in ``acc`` (the definition gives them ±inf or NaN); for float16 a tile of c ⊙ v past float16's range
+    goes in scaled.  Otherwise the fast form's expression operand for operand, so the compiler lowers both
+    alike and the rows before a non-finite value are the fast form's bit for bit.
     """
     b_x = b_c.to(tl.float32)[:, None] * b_v.to(tl.float32)
     if CAUSAL:
@@ -135,9 +136,9 @@ def _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION: tl.c
             down = 1.0
         bad = nonfinite(b_x)
         first = tl.min(tl.where(bad, o_r[:, None], 2147483647), axis=0)  # [BV]: each column's first non-finite row
-        clean = _split_product(b_l, tl.where(bad, 0.0, b_x), IN_DTYPE, DOT_PRECISION)
-        return tl.where(o_r[:, None] >= first[None, :], float("nan"), clean * down)
-    return _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION)
+        acc = tl.where(o_r[:, None] >= first[None, :], float("nan"), acc)
+        return _split_product(b_l, tl.where(bad, 0.0, b_x), IN_DTYPE, DOT_PRECISION) * down + acc
+    return _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION) + acc
 
 
 @triton.jit
@@ -161,8 +162,7 @@ def _block_out(b_l, b_first, b_v, p_b, p_c, p_ws, o_t, m_t, o_r, o_v, m_v, strid
         b_c = tl.load(p_c + o_t * stride_cn + k * stride_ck, mask=m_t, other=0.0)
         b_b = tl.load(p_b + o_t * stride_bn + k * stride_bk, mask=m_t, other=0.0).to(tl.float32)
         b_carry = tl.load(p_ws + k * D + o_v, mask=m_v, other=0.0)
-        b_h = _decayed_sum(b_l, b_c, b_v, o_r, IN_DTYPE, DOT_PRECISION, CAUSAL)
-        b_h += b_first[:, None] * b_carry[None, :]
+        b_h = _decayed_sum(b_first[:, None] * b_carry[None, :], b_l, b_c, b_v, o_r, IN_DTYPE, DOT_PRECISION, CAUSAL)
         acc += b_b[:, None] * b_h
     return acc
 

@@ -1,0 +1,156 @@
+"""The decay's per-row gradient: dG_t = b_t · db_t − c_t · dc_t for every batch element, output head and row.
+
+With a per-token decay (or a learnable γ) the backward needs ∂L/∂G_t, G_t = a_0 + … + a_t, and its
+(batch, heads, n, r) part is a row-wise dot product of b with db minus one of c with dc (docs/design.md
+§10.6).  db and dc are per output head; b and c per their own heads (grouped heads, docs/design.md §1.7:
+output head h reads head h // g, g = H / the tensor's heads, :func:`~leettriton.kernels.abi.group_ptr`).
+Here it is one pass over the four tensors: a program takes BN rows of one (batch, head), loads b, db, c
+and dc in their own dtypes through their strides (either layout, any view, a gradient expanded with
+stride 0), BK columns at a time with masks (any r), and writes the float32 dot products.  Every product
+and every sum is float32, as the PyTorch formula's float32 copies give, but no float32 copy of db or dc
+(per output head, the size of the whole gradient) and no product tensor of that size is made: the
+formula's traffic was several passes over tensors of that size, this is one read of each input.
+The reverse cumulative sum and the final state's term, on (batch, heads, n), stay in PyTorch (float64).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import problem
+from ..autotune import is_interpreting
+from ..autotune.sizing import cdiv, next_power_of_2
+from .abi import batch_head, group_ptr, group_strides, head_ptr, strides
+
+__all__ = ["decay_grad", "DECAY_GRAD_DTYPES", "MAX_BK", "TILE"]
+
+DECAY_GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+MAX_BK = 128
+"""Most columns of r a program loads at a time (a wider r is read in slices of this many)."""
+
+TILE = 4096
+"""Entries of one [BN, BK] tile per tensor: BN = TILE // BK rows per program (a memory-bound pass: tiles
+large enough to keep many loads in flight, small enough for registers at four warps)."""
+
+
+@triton.jit
+def _row_dots(x_ptr, x_strides, dx_ptr, dx_strides, o_n, m_n, R, BN: tl.constexpr, BK: tl.constexpr):
+    """Σ_k x[o_n, k] · dx[o_n, k] in float32 for the rows ``o_n`` (``m_n`` those that exist), BK columns at a
+    time; both tensors in their own dtype, converted to float32 before the product."""
+    o_k = tl.arange(0, BK)
+    acc = tl.zeros([BN], dtype=tl.float32)
+    for k0 in range(0, R, BK):
+        o_c = k0 + o_k
+        m = m_n[:, None] & (o_c < R)[None, :]
+        b_x = tl.load(x_ptr + o_n[:, None] * x_strides[2] + o_c[None, :] * x_strides[3], mask=m, other=0.0)
+        b_dx = tl.load(dx_ptr + o_n[:, None] * dx_strides[2] + o_c[None, :] * dx_strides[3], mask=m, other=0.0)
+        acc += tl.sum(b_x.to(tl.float32) * b_dx.to(tl.float32), axis=1)
+    return acc
+
+
+@triton.jit(do_not_specialize=["N"])
+def _decay_grad_kernel(b_ptr, c_ptr, db_ptr, dc_ptr, out_ptr, b_strides, c_strides, db_strides, dc_strides,
+                       H, N, RB, RC, HAS_DB: tl.constexpr, HAS_DC: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
+    # one axis: batch·heads × row blocks (a head's blocks are neighbours, and the grid's first axis has room
+    # for any n)
+    n_blocks = tl.cdiv(N, BN)
+    i_p = tl.program_id(0)
+    i_bh = i_p // n_blocks
+    i_b, i_h = batch_head(i_bh, H)
+    o_n = ((i_p % n_blocks) * BN + tl.arange(0, BN)).to(tl.int64)   # row offsets of long views pass 2^31
+    m_n = o_n < N
+    acc = tl.zeros([BN], dtype=tl.float32)
+    if HAS_DB:
+        acc += _row_dots(group_ptr(b_ptr, b_strides, i_b, i_h), b_strides, head_ptr(db_ptr, db_strides, i_b, i_h),
+                         db_strides, o_n, m_n, RB, BN, BK)
+    if HAS_DC:
+        acc -= _row_dots(group_ptr(c_ptr, c_strides, i_b, i_h), c_strides, head_ptr(dc_ptr, dc_strides, i_b, i_h),
+                         dc_strides, o_n, m_n, RC, BN, BK)
+    tl.store(out_ptr + i_bh.to(tl.int64) * N + o_n, acc, mask=m_n)
+
+
+def _check(b, c, db, dc, layout: str) -> None:
+    """Errors before any work: the arguments :func:`decay_grad` documents."""
+    if layout not in problem.LAYOUTS:
+        raise ValueError(f"layout must be 'bhnd' or 'bnhd', got {layout!r}")
+    if db is None and dc is None:
+        raise ValueError("db and dc must not both be None (there is no term to form)")
+    named = (("b", b), ("c", c), ("db", db), ("dc", dc))
+    for name, x in named:
+        if x is None and name in ("b", "c"):
+            raise TypeError(f"{name} must be a tensor, got None")
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {problem.type_name(x)}")
+        if x.dtype not in DECAY_GRAD_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (layout '{layout}'), got shape {tuple(x.shape)}")
+        if x.device != b.device:
+            raise ValueError(f"{name} must be on b's device {b.device}, got a tensor on {x.device}")
+    if b.device.type != "cuda" and not is_interpreting():
+        raise ValueError(f"b must be on a CUDA device (or the CPU under TRITON_INTERPRET=1) for the kernel, got a "
+                         f"tensor on {b.device}")
+    grads = [(name, problem.to_bhnd(g, layout), xn, problem.to_bhnd(x, layout))
+             for name, g, xn, x in (("db", db, "b", b), ("dc", dc, "c", c)) if g is not None]
+    heads = grads[0][1].shape[1]
+    for name, g, xn, x in grads:
+        B, H, n, r = g.shape
+        if H != heads:
+            raise ValueError(f"db and dc must have the same heads (the output's), got {heads} and {H}")
+        if (x.shape[0], x.shape[2], x.shape[3]) != (B, n, r):
+            raise ValueError(f"{xn} must match {name} in batch, n and r (layout '{layout}'): {name} has shape "
+                             f"{tuple(g.shape)} as (batch, heads, n, r), {xn} {tuple(x.shape)}")
+        h = x.shape[1]
+        if h == 0 or H % h:
+            raise ValueError(f"{xn}'s heads must divide {name}'s {H} (grouped heads, docs/design.md §1.7), got {h}")
+
+
+def decay_grad(b: torch.Tensor, c: torch.Tensor, db: Optional[torch.Tensor], dc: Optional[torch.Tensor],
+               layout: str = "bhnd", *, check: bool = True) -> torch.Tensor:
+    """dG = Σ_r b ⊙ db − Σ_r c ⊙ dc per batch element, output head and row, in float32, by one launch.
+
+    Args:
+        b, c: the operator's b and c in ``layout`` (``(batch, h, n, r)`` or ``(batch, n, h, r)``), any strides and
+            dtype (float16, bfloat16, float32, float64); h may be fewer than the output's heads H and must
+            divide it: output head k reads head k // (H / h) (docs/design.md §1.7).
+        db, dc: the gradients of b and c per output head, ``(batch, H, n, r)`` in ``layout``, any strides and
+            dtype; either may be None (its term is left out), not both.
+        layout: ``"bhnd"`` or ``"bnhd"``, of all four.
+        check: validate first (``TypeError``/``ValueError`` before any work); ``False`` is for the backward,
+            which vouches for its own tensors.
+
+    Returns:
+        A new float32 tensor ``(batch, H, n)``: every product and sum in float32 (docs/design.md §10.6).
+        Runs the Triton kernel: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
+
+    Example::
+
+        >>> dG = decay_grad(b, c, db, dc, "bnhd")       # (B, H, n) float32
+    """
+    if check:
+        _check(b, c, db, dc, layout)
+    bb, cc = problem.to_bhnd(b, layout), problem.to_bhnd(c, layout)
+    gb = None if db is None else problem.to_bhnd(db, layout)
+    gc = None if dc is None else problem.to_bhnd(dc, layout)
+    some = gb if gb is not None else gc
+    B, H, n, _ = some.shape
+    out = problem.new_empty((B, H, n), torch.float32, some.device)
+    if B * H * n == 0:
+        return out
+    # an absent pair's slot gets the present one as a stand-in, never read (HAS_DB / HAS_DC prune its code)
+    gb_, bb_ = (gb, bb) if gb is not None else (gc, cc)
+    gc_, cc_ = (gc, cc) if gc is not None else (gb, bb)
+    rb, rc = gb_.shape[3], gc_.shape[3]
+    bk = min(MAX_BK, max(16, next_power_of_2(max(rb, rc))))
+    bn = TILE // bk
+    _decay_grad_kernel[(B * H * cdiv(n, bn),)](
+        bb_, cc_, gb_, gc_, out, group_strides(bb_, H), group_strides(cc_, H), strides(gb_), strides(gc_),
+        H, n, rb, rc, HAS_DB=gb is not None, HAS_DC=gc is not None, BN=bn, BK=bk, num_warps=4)
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leettriton.kernels.decay_grad import MAX_BK, decay_grad
+from leettriton.kernels.decay_grad import MAX_BK, ROWS, decay_grad
 
 RTOL = 1e-6
 """Float32 products and sums against float64: each entry within RTOL of the sum of the terms' magnitudes
@@ -83,6 +83,19 @@ def test_non_contiguous_views_and_mixed_dtypes(layout):
         assert not x.is_contiguous()
     assert dc.stride(0) == 0
     _check(b, c, db, dc, layout)
+
+
+@pytest.mark.parametrize("cfg", ROWS.all_configs(), ids=lambda cfg: f"BN{cfg['BN']}w{cfg['num_warps']}")
+def test_every_config_of_every_family(cfg):
+    """Each GPU config, pinned, through the production launch: rows in blocks of BN (n = 150 leaves a partial
+    block for every BN), grouped b, r = 48 (one masked column tile)."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, n, r = 1, 2, 150, 48
+    b, c = _make((B, 1, n, r), torch.bfloat16, "bnhd", gen), _make((B, H, n, r), torch.bfloat16, "bnhd", gen)
+    db, dc = _make((B, H, n, r), torch.bfloat16, "bnhd", gen), _make((B, H, n, r), torch.bfloat16, "bnhd", gen)
+    got = decay_grad(b, c, db, dc, "bnhd", config={ROWS.name: cfg})
+    want, scale = _expected(b, c, db, dc, "bnhd")
+    assert torch.all((got.double() - want).abs() <= RTOL * scale)
 
 
 @pytest.mark.parametrize("which", ["db", "dc"])

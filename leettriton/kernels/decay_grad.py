@@ -14,27 +14,46 @@ The reverse cumulative sum and the final state's term, on (batch, heads, n), sta
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import problem
-from ..autotune import is_interpreting
+from ..autotune import KernelSpace, autotune, is_interpreting
+from ..autotune.configs import CompiledLaunches
 from ..autotune.sizing import cdiv, next_power_of_2
 from .abi import batch_head, group_ptr, group_strides, head_ptr, strides
 
-__all__ = ["decay_grad", "DECAY_GRAD_DTYPES", "MAX_BK", "TILE"]
+__all__ = ["decay_grad", "DECAY_GRAD_DTYPES", "MAX_BK", "ROWS", "column_tile"]
 
 DECAY_GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 MAX_BK = 128
-"""Most columns of r a program loads at a time (a wider r is read in slices of this many)."""
+"""The widest column tile: a wider r is read in slices of this many columns."""
 
-TILE = 4096
-"""Entries of one [BN, BK] tile per tensor: BN = TILE // BK rows per program (a memory-bound pass: tiles
-large enough to keep many loads in flight, small enough for registers at four warps)."""
+
+def column_tile(r: int) -> int:
+    """BK for rows of ``r`` columns: ``r`` padded to a power of two (at least 16), at most :data:`MAX_BK`."""
+    return min(MAX_BK, max(16, next_power_of_2(int(r))))
+
+
+def _keep(cfg) -> bool:
+    # each thread holds 16 to 64 entries of a full [BN, MAX_BK] tile of each of the two tensors it multiplies:
+    # enough loads in flight for a pass bound by memory, few enough registers
+    per_thread = cfg["BN"] * MAX_BK // (32 * cfg["num_warps"])
+    return 16 <= per_thread <= 64
+
+
+ROWS = KernelSpace(
+    name="decay_grad.rows",
+    axes={"default": dict(BN=[16, 32, 64, 128], num_warps=[4, 8], num_stages=[1])},  # a read: the same everywhere
+    cpu=dict(BN=16, num_warps=4, num_stages=1),  # several row blocks, a partial last one, on small tests
+    smem=lambda cfg, args: 0,  # registers only: tiles are loaded and reduced, never shared
+    keep=_keep,
+)
+"""The kernel's configs: how many rows a program owns and how many threads share them."""
 
 
 @triton.jit
@@ -52,6 +71,7 @@ def _row_dots(x_ptr, x_strides, dx_ptr, dx_strides, o_n, m_n, R, BN: tl.constexp
     return acc
 
 
+@autotune(ROWS, key=["RB", "RC", "HAS_DB", "HAS_DC"])
 @triton.jit(do_not_specialize=["N"])
 def _decay_grad_kernel(b_ptr, c_ptr, db_ptr, dc_ptr, out_ptr, b_strides, c_strides, db_strides, dc_strides,
                        H, N, RB, RC, HAS_DB: tl.constexpr, HAS_DC: tl.constexpr, BN: tl.constexpr,
@@ -72,6 +92,11 @@ def _decay_grad_kernel(b_ptr, c_ptr, db_ptr, dc_ptr, out_ptr, b_strides, c_strid
         acc -= _row_dots(group_ptr(c_ptr, c_strides, i_b, i_h), c_strides, head_ptr(dc_ptr, dc_strides, i_b, i_h),
                          dc_strides, o_n, m_n, RC, BN, BK)
     tl.store(out_ptr + i_bh.to(tl.int64) * N + o_n, acc, mask=m_n)
+
+
+_LAUNCHES = CompiledLaunches(_decay_grad_kernel, ("b_ptr", "c_ptr", "db_ptr", "dc_ptr", "out_ptr"))
+"""The compiled kernels by sizes, strides and dtypes: a backward's launch goes straight through the compiled
+kernel (host time on short sequences); the keys hold n, so a run of many lengths forgets old ones."""
 
 
 def _check(b, c, db, dc, layout: str) -> None:
@@ -113,16 +138,17 @@ def _check(b, c, db, dc, layout: str) -> None:
 
 
 def decay_grad(b: torch.Tensor, c: torch.Tensor, db: Optional[torch.Tensor], dc: Optional[torch.Tensor],
-               layout: str = "bhnd", *, check: bool = True) -> torch.Tensor:
+               layout: str = "bhnd", config: Optional[Mapping] = None, *, check: bool = True) -> torch.Tensor:
     """dG = Σ_r b ⊙ db − Σ_r c ⊙ dc per batch element, output head and row, in float32, by one launch.
 
     Args:
         b, c: the operator's b and c in ``layout`` (``(batch, h, n, r)`` or ``(batch, n, h, r)``), any strides and
             dtype (float16, bfloat16, float32, float64); h may be fewer than the output's heads H and must
             divide it: output head k reads head k // (H / h) (docs/design.md §1.7).
-        db, dc: the gradients of b and c per output head, ``(batch, H, n, r)`` in ``layout``, any strides and
-            dtype; either may be None (its term is left out), not both.
+        db, dc: the gradients of b and c per output head, ``(batch, H, n, r)`` in ``layout``, any strides (stride
+            0 too) and dtype; either may be None (its term is left out), not both.
         layout: ``"bhnd"`` or ``"bnhd"``, of all four.
+        config: maps ``"decay_grad.rows"`` to a config of the kernel (tests); None: autotuned.
         check: validate first (``TypeError``/``ValueError`` before any work); ``False`` is for the backward,
             which vouches for its own tensors.
 
@@ -141,16 +167,25 @@ def decay_grad(b: torch.Tensor, c: torch.Tensor, db: Optional[torch.Tensor], dc:
     gc = None if dc is None else problem.to_bhnd(dc, layout)
     some = gb if gb is not None else gc
     B, H, n, _ = some.shape
-    out = problem.new_empty((B, H, n), torch.float32, some.device)
+    device = some.device
+    out = problem.new_empty((B, H, n), torch.float32, device)
     if B * H * n == 0:
         return out
     # an absent pair's slot gets the present one as a stand-in, never read (HAS_DB / HAS_DC prune its code)
     gb_, bb_ = (gb, bb) if gb is not None else (gc, cc)
     gc_, cc_ = (gc, cc) if gc is not None else (gb, bb)
     rb, rc = gb_.shape[3], gc_.shape[3]
-    bk = min(MAX_BK, max(16, next_power_of_2(max(rb, rc))))
-    bn = TILE // bk
-    _decay_grad_kernel[(B * H * cdiv(n, bn),)](
-        bb_, cc_, gb_, gc_, out, group_strides(bb_, H), group_strides(cc_, H), strides(gb_), strides(gc_),
-        H, n, rb, rc, HAS_DB=gb is not None, HAS_DC=gc is not None, BN=bn, BK=bk, num_warps=4)
+    args = dict(b_ptr=bb_, c_ptr=cc_, db_ptr=gb_, dc_ptr=gc_, out_ptr=out, b_strides=group_strides(bb_, H),
+                c_strides=group_strides(cc_, H), db_strides=strides(gb_), dc_strides=strides(gc_), H=H, N=n, RB=rb,
+                RC=rc, HAS_DB=gb is not None, HAS_DC=gc is not None, BK=column_tile(max(rb, rc)))
+    bh = B * H
+    grid = lambda meta: (bh * cdiv(n, meta["BN"]),)  # noqa: E731
+    pinned = (config or {}).get(ROWS.name)
+    tensors = (bb_, cc_, gb_, gc_)
+    # everything the compiled kernel, its config and the grid depend on: sizes, strides, dtypes, alignment
+    key = (bh, H, n, rb, rc, args["HAS_DB"], args["HAS_DC"], tuple(x.dtype for x in tensors),
+           tuple(x.stride() for x in tensors), tuple(x.shape[1] for x in (bb_, cc_)),
+           tuple(x.data_ptr() % 16 == 0 for x in tensors + (out,)),
+           None if pinned is None else tuple(sorted(pinned.items())))
+    _LAUNCHES.launch(key, grid, pinned, args, device)
     return out

@@ -7,9 +7,10 @@ output head h reads head h // g, g = H / the tensor's heads, :func:`~leettriton.
 Here it is one pass over the four tensors: a program takes BN rows of one (batch, head), loads b, db, c
 and dc in their own dtypes through their strides (either layout, any view, a gradient expanded with
 stride 0), BK columns at a time with masks (any r), and writes the float32 dot products.  Every product
-and every sum is float32, as the PyTorch formula's float32 copies give, but no float32 copy of db or dc
-(per output head, the size of the whole gradient) and no product tensor of that size is made: the
-formula's traffic was several passes over tensors of that size, this is one read of each input.
+and every sum is float32, as in the PyTorch form on float32 copies (the CPU's, autograd.py), but no
+float32 copy of db or dc (per output head: with grouped heads the size of a whole gradient of the output's
+heads) and no product tensor of that size is made: those would be several passes over memory of that size,
+where one read of each input suffices.
 The reverse cumulative sum and the final state's term, on (batch, heads, n), stay in PyTorch (float64).
 """
 from __future__ import annotations

@@ -37,6 +37,8 @@ from typing import Callable, Optional
 import torch
 
 from . import registry
+from .autotune.families import is_interpreting
+from .kernels.decay_grad import decay_grad
 from .kernels.reverse import reverse_rows
 from .plan import run_problem, run_reversed
 from .problem import log2_gamma64, make_problem, requires_grad, resolve_gamma, to_bhnd
@@ -182,7 +184,26 @@ def decay_grad_of(b, c, db, dc, ds, final, layout: str, n: int) -> torch.Tensor:
     """∂L/∂a_t (float64, ``(batch, heads, n)``) from the gradients of b and c (the full ones: with the
     initial and the final state's terms) and the final state's: dG_i = b_i · db_i − c_i · dc_i, plus
     Σ dS ⊙ S_{n−1} at i = n − 1 when the state was returned, then da_t = Σ_{i ≥ t} dG_i
-    (docs/design.md §10.6).  The products are summed in float32."""
+    (docs/design.md §10.6).  The products are summed in float32.  Where the kernels run (CUDA tensors, or
+    CPU tensors under the interpreter) dG is one pass of kernels/decay_grad.py, reading b, c, db, dc as they
+    are; on the CPU otherwise, the same sums in PyTorch on float32 copies."""
+    some = db if db is not None else dc
+    if some is None:   # neither gradient: no term
+        bb = to_bhnd(b, layout)
+        heads = final.shape[1] if final is not None else bb.shape[1]
+        dG = torch.zeros((bb.shape[0], heads, bb.shape[2]), dtype=torch.float64, device=bb.device)
+    elif some.device.type == "cuda" or is_interpreting():
+        dG = decay_grad(b, c, db, dc, layout, check=False).double()
+    else:
+        dG = _decay_grad_torch(b, c, db, dc, layout).double()
+    if ds is not None and final is not None and n:
+        dG[..., -1] += (ds.double() * final.double()).sum(dim=(-1, -2))
+    return torch.flip(torch.cumsum(torch.flip(dG, [-1]), -1), [-1])
+
+
+def _decay_grad_torch(b, c, db, dc, layout: str) -> torch.Tensor:
+    """dG_i = b_i · db_i − c_i · dc_i (float32, ``(batch, heads, n)``; db or dc may be None, not both) in
+    PyTorch: the CPU's form of :func:`~leettriton.kernels.decay_grad.decay_grad`."""
     bb, cc = to_bhnd(b, layout).float(), to_bhnd(c, layout).float()
     # db, dc per output head; b, c per their own heads (grouped heads: each meets its group, §1.7)
     dG = None
@@ -191,13 +212,7 @@ def decay_grad_of(b, c, db, dc, ds, final, layout: str, n: int) -> torch.Tensor:
     if dc is not None:
         term = (_by_group(cc) * _split(to_bhnd(dc, layout).float(), cc.shape[1])).sum(-1).flatten(1, 2)
         dG = -term if dG is None else dG - term
-    if dG is None:
-        heads = final.shape[1] if final is not None else bb.shape[1]
-        dG = torch.zeros((bb.shape[0], heads, bb.shape[2]), dtype=torch.float32, device=bb.device)
-    dG = dG.double()
-    if ds is not None and final is not None and n:
-        dG[..., -1] += (ds.double() * final.double()).sum(dim=(-1, -2))
-    return torch.flip(torch.cumsum(torch.flip(dG, [-1]), -1), [-1])
+    return dG
 
 
 def output_grads(op: Operator, b, c, v, s0, gamma, grad_out, layout: str, *, need_b: bool, need_c: bool,

@@ -40,7 +40,8 @@ from .methods.block_based.kernels import walk_segments
 from .methods.block_based.space import segmenting, state_pieces
 from .kernels.walk import WALK_MAX_R
 from .plan import resolve, run_problem
-from .problem import DTYPES, LAYOUTS, Problem, check_state, expand_heads, log2_gamma64, make_problem, requires_grad
+from .problem import (DTYPES, LAYOUTS, Problem, check_state, device_guards_only, expand_heads, log2_gamma64, make_problem,
+                      requires_grad)
 
 __all__ = ["linear_attention", "simulate", "start_weights", "slice_weights", "suffix_decay", "combine_states",
            "combine_state_grads", "slice_state", "local_pass"]
@@ -647,7 +648,8 @@ def _slice_state_op(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, gamma: Op
 
 @_slice_state_op.register_fake
 def _slice_state_fake(b, c, v, gamma, gamma_value, initial_state, method, layout, precision, log_decay=None):
-    with torch.no_grad(), ops.guarded(v):
+    # a fake tensor has no values to check, whatever its device
+    with torch.no_grad(), device_guards_only():
         _, p, _ = _local_problem(b, c, v, gamma if gamma is not None else gamma_value, method, layout, initial_state,
                                  False, precision, log_decay)
     B, H, _, r, d = p.shape

@@ -7,6 +7,8 @@ import torch
 
 from leettriton.kernels.decay_grad import MAX_BK, ROWS, decay_grad
 
+from conftest import DEVICE
+
 RTOL = 1e-6
 """Float32 products and sums against float64: each entry within RTOL of the sum of the terms' magnitudes
 (the scale a float32 sum of a few hundred terms keeps to a few units of 2^-24; dG may cancel to near 0)."""
@@ -44,7 +46,7 @@ def _make(shape, dtype, layout, gen):
     """A tensor of (B, heads, n, r) in ``layout``."""
     B, h, n, r = shape
     x = torch.randn((B, h, n, r) if layout == "bhnd" else (B, n, h, r), generator=gen, dtype=torch.float32)
-    return x.to(dtype)
+    return x.to(DEVICE, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -123,7 +125,7 @@ def test_the_backward_uses_the_kernel_where_kernels_run(monkeypatch):
     B, H, n, r = 1, 2, 12, 8
     b, c = _make((B, 1, n, r), torch.float32, "bnhd", gen), _make((B, 1, n, r), torch.float32, "bnhd", gen)
     db, dc = _make((B, H, n, r), torch.float32, "bnhd", gen), _make((B, H, n, r), torch.float32, "bnhd", gen)
-    ds, final = torch.randn(B, H, r, 3, generator=gen), torch.randn(B, H, r, 3, generator=gen)
+    ds, final = (torch.randn(B, H, r, 3, generator=gen).to(DEVICE) for _ in range(2))
     calls = []
     real = autograd.decay_grad
     monkeypatch.setattr(autograd, "decay_grad", lambda *a, **k: calls.append(a) or real(*a, **k))
@@ -145,15 +147,15 @@ def test_the_cpu_formula_without_the_interpreter_agrees(monkeypatch):
     B, H, n, r = 2, 4, 10, 24
     b, c = _make((B, 2, n, r), torch.bfloat16, "bhnd", gen), _make((B, 4, n, r), torch.bfloat16, "bhnd", gen)
     db, dc = _make((B, H, n, r), torch.bfloat16, "bhnd", gen), _make((B, H, n, r), torch.bfloat16, "bhnd", gen)
-    kernel = autograd.decay_grad_of(b, c, db, dc, None, None, "bhnd", n)
+    kernel = autograd.decay_grad_of(b, c, db, dc, None, None, "bhnd", n).cpu()
     monkeypatch.setattr(autograd, "is_interpreting", lambda: False)
     monkeypatch.setattr(autograd, "decay_grad", lambda *a, **k: pytest.fail("the kernel ran on the CPU"))
-    torch_form = autograd.decay_grad_of(b, c, db, dc, None, None, "bhnd", n)
+    torch_form = autograd.decay_grad_of(*(x.cpu() for x in (b, c, db, dc)), None, None, "bhnd", n)
     torch.testing.assert_close(kernel, torch_form, rtol=1e-5, atol=1e-4)
 
 
 def test_bad_arguments_are_refused_before_any_work():
-    x = torch.zeros(1, 2, 4, 8)
+    x = torch.zeros(1, 2, 4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="layout"):
         decay_grad(x, x, x, x, "bnd")
     with pytest.raises(ValueError, match="db and dc"):
@@ -161,8 +163,8 @@ def test_bad_arguments_are_refused_before_any_work():
     with pytest.raises(TypeError, match="dc must be float16"):
         decay_grad(x, x, x, x.int())
     with pytest.raises(ValueError, match="b's heads must divide"):
-        decay_grad(torch.zeros(1, 3, 4, 8), x, x, x)
+        decay_grad(torch.zeros(1, 3, 4, 8, device=DEVICE), x, x, x)
     with pytest.raises(ValueError, match="c must match dc"):
-        decay_grad(x, torch.zeros(1, 2, 5, 8), x, x)
+        decay_grad(x, torch.zeros(1, 2, 5, 8, device=DEVICE), x, x)
     with pytest.raises(ValueError, match="same heads"):
-        decay_grad(x, x, x, torch.zeros(1, 4, 4, 8))
+        decay_grad(x, x, x, torch.zeros(1, 4, 4, 8, device=DEVICE))

@@ -549,16 +549,12 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
             b_at = b_at * m_intra_t
         if F16 and CAUSAL:
             # a tile past float16's range (or all below its normal range) scaled by a power of two, undone
-            # on the float32 product; a tile within it as it is, by the fast form's expression (its rows bit
-            # for bit the fast form's, docs/nonfinite.md)
+            # on the float32 product; a tile within it as it is.  (A branch on the scale, to take an unscaled
+            # tile by the fast form's expression, fails Triton 3.6's software pipelining of the walk's loop.)
             up, down = float16_tile_scale(b_at)
-            if up == 1.0:
-                b_ot = _values_times_scores(b_ot, b_vt, b_at, round_to(b_at, b_vt.dtype), o_t, CAUSAL, PIECE,
-                                            DOT_PRECISION)
-            else:
-                b_at = b_at * up
-                b_ot += _values_times_scores(tl.zeros([BV, BT], dtype=tl.float32), b_vt, b_at,
-                                             round_to(b_at, b_vt.dtype), o_t, CAUSAL, PIECE, DOT_PRECISION) * down
+            b_at = b_at * up
+            b_ot += _values_times_scores(tl.zeros([BV, BT], dtype=tl.float32), b_vt, b_at, round_to(b_at, b_vt.dtype),
+                                         o_t, CAUSAL, PIECE, DOT_PRECISION) * down
         else:
             if F16:
                 m_key = tl.max(tl.abs(b_at), axis=1)  # [BT]: each key's largest score in this chunk

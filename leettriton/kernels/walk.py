@@ -655,6 +655,7 @@ def _chunk_walk_fwd_kernel(
         t_end = tl.minimum(t_start + SEG, N)
         i_row = i_b
         d_start = D
+        d_final = D
     t_start64 = t_start.to(tl.int64)
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     if TMA:
@@ -704,38 +705,81 @@ def _chunk_walk_fwd_kernel(
     # a non-finite c or v in the walked rows made the state non-finite, and may have reached earlier rows of
     # its chunk through a zero score (0 · inf): the program walks its rows again in the causal form, its
     # outputs written over (docs/nonfinite.md); so does one whose float16 scores left float16's range.  Other
-    # inputs pay this one check of the final state (and float16's of its score range)
+    # inputs pay this one check of the final state (and float16's of its score range).  The causal walk is a
+    # function of its own (not inlined), so its registers do not weigh on the fast walk's
+    p_st = head_ptr(st_ptr, st_strides, i_row, i_h)
     if _state_nonfinite(s0, s1, s2, s3, NK) | out_of_range:
-        s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
-                                     HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)
-        s0, s1, s2, s3, bad, _ = _walk_chunks(
-            s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k,
-            o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-            acc_strides[2], acc_strides[3], a_strides[2], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT,
-            PER_TOKEN_DECAY, NK, MODE, True, BT, BK, BV)
+        _causal_walk(
+            p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, p_b - t_start64 *
+            stride_bn, p_c - t_start64 * stride_cn, p_v - t_start64 * stride_vn, t_start, t_end, N, R, D, lam, i_v,
+            stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, acc_strides[2],
+            acc_strides[3], a_strides[2], flag_ptr, pid, p_st, st_strides[2], st_strides[3], NS, d_final,
+            HAS_DECAY, HAS_INITIAL, PREFIX, STORE_STATE, VARLEN, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT,
+            PER_TOKEN_DECAY, NK, MODE, BT, BK, BV)
+    else:
+        _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, st_strides[2], st_strides[3], i_s, NS, o_k, o_v, R, D,
+                  d_final, STORE_STATE, VARLEN, NK, MODE, BK)
+
+
+@triton.jit
+def _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, stride_stk, stride_std, i_s, NS, o_k, o_v, R, D, d_final,
+              STORE_STATE: tl.constexpr, VARLEN: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
+              BK: tl.constexpr):
+    """After a program's walk: float16's checked walk (MODE 1) writes its flag, and a flagged program leaves the
+    final state to the redo; otherwise the final state, from the walk of the last segment (of a packed
+    sequence: its only walk, its row and columns up to ``d_final`` given by its slot)."""
+    keep = 1
     if MODE == 1:
         tl.store(flag_ptr + pid, bad)
-        if bad != 0:
-            return  # the redo walks these rows again and stores the final state
-
-    # the final state: the walk of the last segment ends with it (of a packed sequence: its only walk)
-    if STORE_STATE and VARLEN:
-        p_st = head_ptr(st_ptr, st_strides, i_row, i_h)
-        _store_state(p_st, s0, st_strides[2], st_strides[3], o_k, o_v, R, d_final)
-        if NK >= 2:
-            _store_state(p_st, s1, st_strides[2], st_strides[3], BK + o_k, o_v, R, d_final)
-        if NK >= 4:
-            _store_state(p_st, s2, st_strides[2], st_strides[3], 2 * BK + o_k, o_v, R, d_final)
-            _store_state(p_st, s3, st_strides[2], st_strides[3], 3 * BK + o_k, o_v, R, d_final)
-    if STORE_STATE and not VARLEN:
-        if i_s == NS - 1:
-            p_st = head_ptr(st_ptr, st_strides, i_b, i_h)
-            _store_state(p_st, s0, st_strides[2], st_strides[3], o_k, o_v, R, D)
+        keep = (bad == 0).to(tl.int32)
+    if STORE_STATE:
+        if VARLEN:
+            last = 1
+            cols = d_final
+        else:
+            last = (i_s == NS - 1).to(tl.int32)
+            cols = D
+        if (keep != 0) & (last != 0):
+            _store_state(p_st, s0, stride_stk, stride_std, o_k, o_v, R, cols)
             if NK >= 2:
-                _store_state(p_st, s1, st_strides[2], st_strides[3], BK + o_k, o_v, R, D)
+                _store_state(p_st, s1, stride_stk, stride_std, BK + o_k, o_v, R, cols)
             if NK >= 4:
-                _store_state(p_st, s2, st_strides[2], st_strides[3], 2 * BK + o_k, o_v, R, D)
-                _store_state(p_st, s3, st_strides[2], st_strides[3], 3 * BK + o_k, o_v, R, D)
+                _store_state(p_st, s2, stride_stk, stride_std, 2 * BK + o_k, o_v, R, cols)
+                _store_state(p_st, s3, stride_stk, stride_std, 3 * BK + o_k, o_v, R, cols)
+
+
+@triton.jit(noinline=True)
+def _causal_walk(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, h_b, h_c, h_v,
+                 t_start, t_end, N, R, D, lam, i_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd,
+                 stride_on, stride_od, stride_an, stride_ad, stride_ldn, flag_ptr, pid, p_st, stride_stk, stride_std,
+                 NS, d_final, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, PREFIX: tl.constexpr,
+                 STORE_STATE: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 TWO_PART: tl.constexpr, PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
+                 PER_TOKEN_DECAY: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr, BT: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr):
+    """The walk's slow, causal form (docs/nonfinite.md) over the program's rows again, from its start state,
+    its outputs written over, then :func:`_walk_end`.  Its own function, called (not inlined) by a program
+    whose fast walk met a non-finite value or float16 scores out of range: its registers are allocated apart
+    from the fast walk's, which would otherwise spill.  Scalars and pointers in, nothing out (Triton passes
+    no tensor across a call); ``h_b``, ``h_c``, ``h_v`` the head's rows from 0 (the tensor descriptors')."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    if TMA:
+        d_b = tl.make_tensor_descriptor(h_b, shape=[N, R], strides=[stride_bn, 1], block_shape=[BT, BK])
+        d_c = tl.make_tensor_descriptor(h_c, shape=[N, R], strides=[stride_cn, 1], block_shape=[BT, BK])
+        d_v = tl.make_tensor_descriptor(h_v, shape=[N, D], strides=[stride_vn, 1], block_shape=[BT, BV])
+    else:
+        d_b, d_c, d_v = h_b, h_c, h_v  # unread
+    s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
+                                 HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)
+    s0, s1, s2, s3, bad, _ = _walk_chunks(
+        s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
+        stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an, stride_ad,
+        stride_ldn, HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, NK, MODE, True, BT, BK,
+        BV)
+    _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, stride_stk, stride_std, i_s, NS, o_k, o_v, R, D, d_final,
+              STORE_STATE, VARLEN, NK, MODE, BK)
 
 
 def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_options):

@@ -231,3 +231,25 @@ def test_bad_arguments_are_refused_before_any_work(monkeypatch):
         scale_values(x, dt[..., None])
     with pytest.raises(ValueError, match="dt must be on x's device"):
         scale_values(x, dt.to("meta"))
+
+
+def test_the_mamba2_layer_compiles_whole(fresh_dynamo):
+    """The layer (its v by the operator) compiles with no graph break: the compiled forward and backward give the
+    eager layer's output and gradients (the same kernels; the operators' fake outputs shape the trace)."""
+    torch.manual_seed(13)
+    layer = Mamba2(num_heads=2, head_dim=12, hidden_size=12, state_size=8, expand=2).to(DEVICE)
+    h = torch.randn(2, 9, 12, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    seen = []
+
+    def run(fn):
+        layer.zero_grad()
+        y = fn(h)
+        y.square().sum().backward()
+        return y.detach(), [p.grad.clone() for p in layer.parameters()]
+
+    y, g = run(compiled(layer, seen))
+    assert any("scale_values" in target for target in seen), seen
+    y_ref, g_ref = run(layer)
+    torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -225,10 +225,13 @@ def ours(label: str, method: str, device, expanded: bool = False) -> Impl:
 
 
 def ours_from_x_dt() -> Impl:
-    """``auto`` with v = dt·x and a = A·dt formed inside the timed call, from mamba-ssm's inputs."""
+    """``auto`` with v = dt·x and a = A·dt formed inside the timed call, from mamba-ssm's inputs: v by
+    ``leettriton.nn.functional.scale_values`` (what the Mamba-2 layer calls: one pass each way), a in PyTorch."""
+    from leettriton.nn.functional import scale_values
+
     def make(inp: Inputs, do) -> Step:
         def run(x, dt, A, B, C):
-            v = (x * dt.unsqueeze(-1)).to(x.dtype)
+            v = scale_values(x, dt)
             return leettriton.linear_attention(C, B, v, log_decay=A * dt, layout="bnhd", method="auto")
 
         def forward():

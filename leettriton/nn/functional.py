@@ -19,10 +19,11 @@ from ..problem import requires_grad
 from .cache import LinearAttentionCache
 from ..ops import is_compiling
 from .fused import rotary, uses_kernels
+from .scale import scale_values
 
 __all__ = ["ACTIVATIONS", "activation", "check_method", "attend", "rms_norm", "RotaryTable", "decay_tensor",
            "check_per_token_method", "check_hidden", "check_positions", "check_attention_mask", "checked_mask",
-           "contiguous_index"]
+           "contiguous_index", "scale_values"]
 
 
 def _one_plus_elu(x):

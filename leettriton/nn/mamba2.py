@@ -10,7 +10,8 @@ from torch import nn
 
 from .cache import LinearAttentionCache
 from .conv import ShortConvolution
-from .functional import activation, attend, check_attention_mask, check_hidden, check_per_token_method
+from .functional import (activation, attend, check_attention_mask, check_hidden, check_per_token_method,
+                         scale_values)
 
 __all__ = ["Mamba2", "GatedRMSNorm"]
 
@@ -191,7 +192,7 @@ class Mamba2(nn.Module):
         log_decay = dt * -torch.exp(self.A_log.float())                            # a_t = A·dt ≤ 0
         if mask is not None:
             log_decay = log_decay * mask.float()                                   # a padded token: no decay
-        v = (xs.float() * dt[..., None]).to(x.dtype)
+        v = scale_values(xs, dt)                                                   # dt·x in x's dtype
         b = Cm.unflatten(-1, (G, N))            # [B, n, G, N]: groups of heads share B and C (§1.7), read in place
         c = Bm.unflatten(-1, (G, N))
         o = attend(b, c, v, None, method=self.method, precision=self.precision, cache=cache,

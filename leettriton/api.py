@@ -335,10 +335,11 @@ def _extents(state, b, c, v, gamma_h, slot_ids) -> tuple:
     return tuple(0 if x is None else byte_extent(x) for x in (state, b, c, v, gamma_h, slot_ids))
 
 
-def _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents: tuple, names: tuple) -> None:
+def _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents: tuple, names: tuple,
+                       decay_name: str = "gamma") -> None:
     """The state (or pool), updated in place, shares no memory with what the step reads: b, c, v (called
-    ``names``), γ and the slot ids (docs/design.md §13.3; :func:`problem.check_unshared`).  Two pointers
-    per tensor on every call, the extents being the signature's."""
+    ``names``), γ (or the per-token decay: ``decay_name``) and the slot ids (docs/design.md §13.3;
+    :func:`problem.check_unshared`).  Two pointers per tensor on every call, the extents being the signature's."""
     size, eb, ec, ev, eg, es = extents
     if not (size and eb and ec and ev):   # an empty step reads and writes nothing
         return
@@ -350,7 +351,7 @@ def _check_state_apart(state, b, c, v, gamma_h, slot_ids, extents: tuple, names:
             or (eg and gamma_h is not None and _within(gamma_h.data_ptr(), eg, lo, hi))
             or (es and slot_ids is not None and _within(slot_ids.data_ptr(), es, lo, hi))):
         nb, nc, nv = names   # the message names it
-        check_unshared("state", state, ((nb, b), (nc, c), (nv, v), ("gamma", gamma_h), ("slot_ids", slot_ids)))
+        check_unshared("state", state, ((nb, b), (nc, c), (nv, v), (decay_name, gamma_h), ("slot_ids", slot_ids)))
 
 
 def _within(start: int, span: int, lo: int, hi: int) -> bool:
@@ -507,11 +508,40 @@ def _decode_tokens(b, c, v, state, gamma, slot_ids, keep_states: bool, check_slo
 
 def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: bool, check_slots: bool,
                       one_token: bool):
-    """A decode step (``one_token``) or k steps with a per-token decay (docs/design.md §1.6): validated on
-    every call (no repeated-launch fast path), then the k-token kernel with its ``PER_TOKEN_DECAY`` flag
-    (one token: a token axis of one).  Returns (out, kept or None)."""
+    """A decode step (``one_token``) or k steps with a per-token decay (docs/design.md §1.6): the k-token kernel
+    with its ``PER_TOKEN_DECAY`` flag (one token: a token axis of one).  Returns (out, kept or None).
+
+    As for a constant γ (:func:`_decode_tokens`), a call whose signature (the tensors' types, shapes, strides,
+    dtypes and devices, the decay's included, and the flags) was checked and launched before repeats its
+    launch: the slot ids' and the decay's values checked as on every call, the state's memory apart from what
+    the step reads (docs/design.md §4.5)."""
     where = "decode_step" if one_token else "decode_tokens"
     slot_ids = index_as_read(slot_ids)
+    try:
+        s, a = slot_ids, log_decay
+        signature = ("log_decay", one_token, type(check_slots), check_slots, keep_states, type(b), type(c), type(v),
+                     type(state), type(a), b.shape, c.shape, v.shape, state.shape, a.shape, b.stride(), c.stride(),
+                     v.stride(), state.stride(), a.stride(), b.dtype, c.dtype, v.dtype, state.dtype, a.dtype, b.device,
+                     c.device, v.device, state.device, a.device, gamma is None,
+                     None if s is None else (type(s), s.shape, s.stride(), s.dtype, s.device))
+        step = _TOKEN_STEPS.get(signature)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: the checks say what
+        signature = step = None
+    if step is not None and not (torch.is_grad_enabled() and requires_grad(b, c, v, state, log_decay)):
+        launch, _, out_like, kept_like, slots, extents = step
+        if slot_ids is not None:
+            check_slot_values("slot_ids", slot_ids, slots, check_slots)
+        problem.check_log_decay_values(log_decay)
+        names = ("b_t", "c_t", "v_t") if one_token else ("b", "c", "v")
+        _check_state_apart(state, b, c, v, log_decay, slot_ids, extents, names, "log_decay")
+        out, kept = problem.new_like(out_like), None if kept_like is None else problem.new_like(kept_like)
+        if one_token:
+            b3, c3, v3, ld = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2), log_decay.unsqueeze(-1)
+        else:
+            b3, c3, v3, ld = b, c, v, log_decay
+        if launch((b3, c3, v3, out, out, state, state if slot_ids is None else slot_ids,
+                   state if kept is None else kept, ld)):
+            return (out.squeeze(2) if one_token else out), kept
     _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
     check_autograd(where, b, c, v, state, log_decay)
     if one_token:
@@ -529,9 +559,16 @@ def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: b
     check_unshared("state", state, ((names[0], b), (names[1], c), (names[2], v), ("log_decay", log_decay),
                                     ("slot_ids", slot_ids)))
     out = problem.new_empty((B, H, K, d), v.dtype, v.device)
-    kept = problem.new_empty((B, H, K + 1, r, d), torch.float32, v.device) if keep_states else None
-    if B and H:
-        decode_tokens_impl(b, c, v, state, None, out, slot_ids, kept, log_decay=ld)
+    kept_shape = (B, H, K + 1, r, d) if keep_states else None
+    kept = problem.new_empty(kept_shape, torch.float32, v.device) if keep_states else None
+    launch = decode_tokens_impl(b, c, v, state, None, out, slot_ids, kept, log_decay=ld) if B and H else None
+    if signature is not None:
+        if len(_TOKEN_STEPS) >= 1024:
+            _TOKEN_STEPS.clear()
+        out_like = problem.output_template((B, H, K, d), v.dtype, v.device)
+        kept_like = None if kept_shape is None else problem.output_template(kept_shape, torch.float32, v.device)
+        extents = _extents(state, b, c, v, log_decay, slot_ids)
+        _TOKEN_STEPS[signature] = (launch, None, out_like, kept_like, state.shape[0], extents)
     return (out.squeeze(2) if one_token else out), kept
 
 

@@ -406,3 +406,56 @@ def test_walk_spec_gives_every_mode_of_the_walk():
     prefix = chunk_walk.walk_spec(p, None, seg_len=16, prefix=True, partial=torch.zeros(1))
     assert (prefix.HAS_INITIAL, prefix.STORE_STATE, prefix.PREFIX, prefix.ACC) == (False, True, True, True)
     assert whole.constexprs()["DOT_PRECISION"] == "tf32" and len(whole.constexprs()) == len(constexprs) - 3
+
+
+def _per_token_oracle(b, c, v, state, a):
+    """k steps with a per-token decay in float64: S ← exp(a_t) S + c_tᵀ v_t, o_t = b_t S (b, c, v: (B, H, k, ·),
+    a: (B, H, k), state (B, H, r, d)); returns (o, S)."""
+    s = state.double()
+    outs = []
+    for t in range(b.shape[2]):
+        s = torch.exp(a[:, :, t].double())[..., None, None] * s + c[:, :, t, :, None].double() * v[:, :, t, None, :].double()
+        outs.append(torch.einsum("bhr,bhrd->bhd", b[:, :, t].double(), s))
+    return torch.stack(outs, 2), s
+
+
+@pytest.mark.parametrize("one_token", [True, False], ids=["decode_step", "decode_tokens"])
+def test_per_token_decode_repeats_only_what_the_signature_fixes(one_token):
+    """A per-token decay's step repeats its launch for a signature met before: new b, c, v, decays and slot ids
+    each call (the decays written in place too), each result the oracle's; the decay's memory apart from the
+    pool's still checked on a repeated call."""
+    api._TOKEN_STEPS.clear()
+    K = 1 if one_token else 3
+    pool = rand(6, H, R, D, seed=1)
+
+    def checked(seed, rows, a=None):
+        b, c, v = rand(B, H, K, R, seed=seed), rand(B, H, K, R, seed=seed + 1), rand(B, H, K, D, seed=seed + 2)
+        a = -torch.rand(B, H, K, generator=torch.Generator().manual_seed(seed)).to(DEVICE) if a is None else a
+        slots = torch.tensor(rows, device=DEVICE)
+        expect_o, expect_s = _per_token_oracle(b, c, v, pool[rows].clone(), a)
+        if one_token:
+            o, same = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], pool, log_decay=a[:, :, 0],
+                                             slot_ids=slots)
+            o = o.unsqueeze(2)
+        else:
+            o, same = leettriton.decode_tokens(b, c, v, pool, log_decay=a, slot_ids=slots)
+        assert same is pool
+        assert_close(o, expect_o, 1e-5, f"seed {seed}: output")
+        assert_close(pool[rows], expect_s, 1e-5, f"seed {seed}: updated slots")
+        return a
+
+    checked(2, [4, 1])
+    a = checked(5, [0, 5])
+    assert len(api._TOKEN_STEPS) == 1                    # the second call repeated the first's launch
+    a.mul_(3.0)                                          # in place: the kernel reads the new values
+    checked(8, [2, 3], a=a)
+    assert len(api._TOKEN_STEPS) == 1
+    inside = pool.view(-1)[:B * H * K].view(B, H, K)     # a decay in the pool's memory: refused on a repeat too
+    inside.fill_(-0.5)
+    b, c, v = rand(B, H, K, R, seed=11), rand(B, H, K, R, seed=12), rand(B, H, K, D, seed=13)
+    with pytest.raises(ValueError, match="log_decay"):
+        if one_token:
+            leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], pool, log_decay=inside[:, :, 0],
+                                   slot_ids=torch.tensor([1, 2], device=DEVICE))
+        else:
+            leettriton.decode_tokens(b, c, v, pool, log_decay=inside, slot_ids=torch.tensor([1, 2], device=DEVICE))

@@ -291,14 +291,11 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
     ``log_decay``: the per-token decay ``(B, H, k)`` (any strides; γ is then None), or None; the kernel's
     ``PER_TOKEN_DECAY`` flag, off for a constant γ, which compiles as without it.
     Returns what repeats the launch, as :func:`decode_step_impl` does; it takes
-    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state, out)`` (the last: the per-token
-    decay's stand-in); with ``log_decay``, None (no repeat: the caller launches each call).
+    ``(b, c, v, out, gamma or out, state, slot_ids or state, kept or state, log_decay or out)``.
     """
     if state.device.type == "cpu" and not is_interpreting():
         _decode_tokens_torch(b, c, v, state, gamma, out, slot_ids, kept, log_decay)
-        if log_decay is not None:
-            return None
-        return _TorchTokens(gamma is not None, slot_ids is not None, kept is not None)
+        return _TorchTokens(gamma is not None, slot_ids is not None, kept is not None, log_decay is not None)
     B, _, K, r = b.shape
     H = state.shape[1]   # the output's heads: b, c, v may be grouped (docs/design.md §1.7)
     d = v.shape[-1]
@@ -315,9 +312,6 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
     )
     grid = lambda meta: (cdiv(d, meta["BV"]) * B * H,)  # noqa: E731
     pinned = (config or {}).get(spaces.TOKENS.name)
-    if log_decay is not None:
-        launch(_decode_tokens_kernel, grid, pinned, **args)
-        return None
     # every argument but the tensors by value, the tensors by dtype, the config, and the grid's batch·heads
     return _TOKEN_LAUNCHES.launch(_TOKEN_LAUNCHES.key(pinned, args, B * H), grid, pinned, args, state.device)
 
@@ -325,11 +319,12 @@ def decode_tokens_impl(b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, state:
 class _TorchTokens:
     """The repeatable k-token step of CPU tensors outside the interpreter, called as a Launch is."""
 
-    def __init__(self, has_decay: bool, slotted: bool, keep: bool) -> None:
-        self.has_decay, self.slotted, self.keep = has_decay, slotted, keep
+    def __init__(self, has_decay: bool, slotted: bool, keep: bool, per_token: bool = False) -> None:
+        self.has_decay, self.slotted, self.keep, self.per_token = has_decay, slotted, keep, per_token
 
     def __call__(self, tensors) -> bool:
-        b, c, v, out, gamma, state, slot_ids, kept, _ = tensors
+        b, c, v, out, gamma, state, slot_ids, kept, log_decay = tensors
         _decode_tokens_torch(b, c, v, state, gamma if self.has_decay else None, out,
-                             slot_ids if self.slotted else None, kept if self.keep else None)
+                             slot_ids if self.slotted else None, kept if self.keep else None,
+                             log_decay if self.per_token else None)
         return True

@@ -118,18 +118,39 @@ def _vanilla_fwd_kernel(
         acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides,
                                   v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL, DOT_PRECISION, False,
                                   BT, BK, BV)
-        if any_nonfinite(acc):  # the causal form, as below
-            acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides,
-                                      c_strides, v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL,
-                                      DOT_PRECISION, True, BT, BK, BV)
     else:
         acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i,
                             o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, False, BT, BK, BV)
-        # a non-finite entry: the tile again in the causal form, so that a non-finite value reaches later rows
-        # only (docs/nonfinite.md); one check per tile on other inputs
-        if any_nonfinite(acc):
-            acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t,
-                                o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, True, BT, BK, BV)
+    # a non-finite entry: the tile again in the causal form, so that a non-finite value reaches later rows only
+    # (docs/nonfinite.md); one check per tile on other inputs.  The causal form is a function of its own, called
+    # rather than inlined: inlined, its reads of the products' accumulators made ptxas serialise every product
+    # of the kernel (sm_90's wgmma), the fast form's included
+    if any_nonfinite(acc):
+        _vanilla_causal_tile(p_b, p_c, p_v, p_o, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
+                             o_strides, i_b, i_h, i_t, i_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY,
+                             DOT_PRECISION, BT, BK, BV)
+    else:
+        store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
+
+
+@triton.jit(noinline=True)
+def _vanilla_causal_tile(p_b, p_c, p_v, p_o, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
+                         o_strides, i_b, i_h, i_t, i_v, lam, N, R, D, HAS_DECAY: tl.constexpr,
+                         HAS_INITIAL: tl.constexpr, PER_TOKEN_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The output tile of rows ``i_t``, value columns ``i_v`` in the causal form (docs/nonfinite.md), stored:
+    scalars and pointers in, nothing out (Triton passes no tensor across a call)."""
+    o_i = i_t * BT + tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    if PER_TOKEN_DECAY:
+        p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
+        b_g, b_gl = prefix_sums(log2_decays(p_a, a_strides[2], o_i, N))
+        acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides,
+                                  v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL, DOT_PRECISION, True,
+                                  BT, BK, BV)
+    else:
+        acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i,
+                            o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, True, BT, BK, BV)
     store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 

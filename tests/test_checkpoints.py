@@ -131,7 +131,8 @@ def test_continuing_from_a_checkpoint_equals_the_long_call(method, per_token):
     n = e - rest.start
     o2 = leettriton.linear_attention_varlen(
         x["b"][rest], x["c"][rest], x["v"][rest], torch.tensor([0, n], device=DEVICE), x["gamma"], method=method,
-        state_pool=pool, slot_ids=torch.tensor([slot], device=DEVICE), has_initial_state=torch.tensor([True], device=DEVICE),
+        state_pool=pool, slot_ids=torch.tensor([slot], device=DEVICE),
+        has_initial_state=torch.tensor([True], device=DEVICE),
         log_decay=None if x["a"] is None else x["a"][rest])
     assert_close(o2, x["out"][rest], TOL, f"{method}: packed rows after the checkpoint")
     assert_close(pool[slot], x["pool"][SLOT_IDS[3]], TOL, f"{method}: packed final state after the checkpoint")

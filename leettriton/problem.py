@@ -733,7 +733,7 @@ def check_checkpoints(checkpoint_every, checkpoint_slots, state_pool, num_seqs: 
                          f"of each sequence's checkpoints) are given together, got {missing}=None")
     if checkpoint_every is None:
         return
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, numbers.Integral):
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"checkpoint_every must be an int (a positive multiple of {CHECKPOINT_ALIGN}), got "
                         f"{type_name(checkpoint_every)}")
     if checkpoint_every <= 0 or checkpoint_every % CHECKPOINT_ALIGN:

@@ -25,11 +25,11 @@ SLOTS = 16
 TOL = tolerance(torch.float32)
 
 
-def packed_inputs(seed, per_token):
+def packed_inputs(seed, per_token, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     T = sum(LENS)
-    b, c = (torch.randn(T, H, R, generator=g).to(DEVICE) for _ in range(2))
-    v = torch.randn(T, H, D, generator=g).to(DEVICE)
+    b, c = (torch.randn(T, H, R, generator=g).to(DEVICE, dtype) for _ in range(2))
+    v = torch.randn(T, H, D, generator=g).to(DEVICE, dtype)
     cu = torch.tensor([0] + torch.tensor(LENS).cumsum(0).tolist(), device=DEVICE)
     # per-token decays a ≤ 0, sized so that 150 rows keep the state well away from zero
     a = (-0.05 * torch.rand(T, H, generator=g)).to(DEVICE) if per_token else None
@@ -243,3 +243,38 @@ def test_compiled_call_with_checkpoints():
     assert torch.equal(o, f(b, c, v, ref_pool)) and torch.equal(pool, ref_pool)
     assert not torch.equal(pool[[6, 7, 10]], packed_inputs(1, False)[-1][[6, 7, 10]])
     torch._dynamo.reset()
+
+
+def test_a_non_finite_value_keeps_the_checkpoints_before_it():
+    """A value of +inf in v at row 70 of sequence 3 (after its first checkpoint): the program walks again in the
+    causal form (docs/nonfinite.md), and its checkpoint at row 64 is still the oracle's; the one at row 128 is
+    not finite."""
+    b, c, v, cu, gamma, _, pool = packed_inputs(5, False)
+    s = int(cu[3])
+    v[s + 70, 0, 1] = float("inf")
+    slot_ids = torch.tensor(SLOT_IDS, device=DEVICE)
+    table = torch.tensor([[-1, -1], [-1, -1], [-1, -1], [12, 13]], device=DEVICE)
+    leettriton.linear_attention_varlen(b, c, v, cu, gamma, state_pool=pool, slot_ids=slot_ids, checkpoint_every=K,
+                                       checkpoint_slots=table)
+    _, want = leettriton.reference(rows(b, s, s + K), rows(c, s, s + K), rows(v, s, s + K), gamma, return_state=True)
+    assert_close(pool[12], want[0], TOL, "the checkpoint before the non-finite value")
+    assert not bool(torch.isfinite(pool[13][0]).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_inputs(dtype):
+    """16-bit inputs (float16's walk scales its state operand): the checkpoints from the float32 state."""
+    b, c, v, cu, gamma, a, pool = packed_inputs(7, True, dtype)
+    before = pool.clone()
+    slot_ids = torch.tensor(SLOT_IDS, device=DEVICE)
+    has_initial = torch.tensor([True, True, False, True], device=DEVICE)
+    leettriton.linear_attention_varlen(b, c, v, cu, state_pool=pool, slot_ids=slot_ids, has_initial_state=has_initial,
+                                       log_decay=a, checkpoint_every=K, checkpoint_slots=torch.tensor(TABLE,
+                                                                                                      device=DEVICE))
+    bounds = cu.tolist()
+    for i, j, slot in ((1, 0, 6), (1, 1, 7), (3, 1, 10)):
+        s, n = bounds[i], (j + 1) * K
+        one = [rows(x, s, s + n).float() for x in (b, c, v)]
+        _, want = leettriton.reference(*one, initial_state=before[SLOT_IDS[i]:SLOT_IDS[i] + 1], return_state=True,
+                                       log_decay=decay_rows(a, s, s + n))
+        assert_close(pool[slot], want[0], tolerance(dtype), f"{dtype}: sequence {i}'s checkpoint {j}")

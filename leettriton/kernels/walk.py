@@ -445,24 +445,20 @@ def _token_decays(a, o_t, BT: tl.constexpr):
 
 
 @triton.jit
-def _store_checkpoint(s0, s1, s2, s3, p_ck, ck_row, stride_cks, stride_ckk, stride_ckd, walked, NCK, CK_EVERY, NSLOTS,
-                      o_k, o_v, R, D, NK: tl.constexpr, BK: tl.constexpr):
-    """Checkpoint j of a packed sequence, its state after (j + 1)·CK_EVERY rows, when ``walked`` (its rows walked
-    so far) is that many: the state tiles s0..s3 to pool slot ``ck_row[j]`` if j < NCK and the slot lies in
-    [0, NSLOTS) (a slot the host did not check writes nothing outside the pool; −1 writes nothing).  Masked
-    loads and stores only (none of them live between checkpoints): no branch in the walk's loop."""
-    j = walked // CK_EVERY - 1
-    at = (walked % CK_EVERY == 0) & (j >= 0) & (j < NCK)
-    slot = tl.load(ck_row + tl.where(at, j, 0), mask=at, other=-1).to(tl.int64)
-    live = at & (slot >= 0) & (slot < NSLOTS)
-    cols = tl.where(live, D, 0)
-    p = p_ck + tl.where(live, slot, 0) * stride_cks
-    _store_state(p, s0, stride_ckk, stride_ckd, o_k, o_v, R, cols)
-    if NK >= 2:
-        _store_state(p, s1, stride_ckk, stride_ckd, BK + o_k, o_v, R, cols)
-    if NK >= 4:
-        _store_state(p, s2, stride_ckk, stride_ckd, 2 * BK + o_k, o_v, R, cols)
-        _store_state(p, s3, stride_ckk, stride_ckd, 3 * BK + o_k, o_v, R, cols)
+def _store_checkpoint(s0, s1, s2, s3, p_ck, slot_ptr, stride_cks, stride_ckk, stride_ckd, NSLOTS, o_k, o_v, R, D,
+                      NK: tl.constexpr, BK: tl.constexpr):
+    """The state tiles s0..s3 as a checkpoint, to the pool slot at ``slot_ptr`` (``p_ck``: the pool at this head,
+    slots ``stride_cks`` apart) if it lies in [0, NSLOTS): −1 writes nothing, nor does a slot the host did not
+    check outside the pool."""
+    slot = tl.load(slot_ptr).to(tl.int64)
+    if (slot >= 0) & (slot < NSLOTS):
+        p = p_ck + slot * stride_cks
+        _store_state(p, s0, stride_ckk, stride_ckd, o_k, o_v, R, D)
+        if NK >= 2:
+            _store_state(p, s1, stride_ckk, stride_ckd, BK + o_k, o_v, R, D)
+        if NK >= 4:
+            _store_state(p, s2, stride_ckk, stride_ckd, 2 * BK + o_k, o_v, R, D)
+            _store_state(p, s3, stride_ckk, stride_ckd, 3 * BK + o_k, o_v, R, D)
 
 
 @triton.jit
@@ -490,10 +486,11 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
     ``stride_ldn``; :func:`_token_decays`), in place of γ's, which depend on local positions only.
 
     ``CHECKPOINT`` (a packed sequence's state checkpoints, docs/design.md §13.9): after a chunk's state update,
-    where the rows walked so far are a multiple of ``CK_EVERY``, the state is stored as checkpoint j (that
-    multiple less one) to pool slot ``ck_row[j]`` (``p_ck``: the pool at this head, slots ``stride_cks``
-    apart) when j < ``NCK`` and the slot is in [0, ``NSLOTS``): a masked load and masked stores, no branch in
-    the loop.  CK_EVERY is a multiple of every BT, so checkpoints fall at chunk ends.
+    where the rows walked so far reach (j + 1)·``CK_EVERY``, the state is stored as checkpoint j to pool slot
+    ``ck_row[j]`` (``p_ck``: the pool at this head, slots ``stride_cks`` apart) when j < ``NCK`` and the slot
+    is in [0, ``NSLOTS``).  CK_EVERY is a multiple of every BT, so checkpoints fall at chunk ends; two scalar
+    counters find them (no integer division in the loop), and the stores sit in a branch of their own, taken
+    once per CK_EVERY rows (masked stores in every chunk cost the loop registers: the state's tiles spilled).
     """
     if not PER_TOKEN_DECAY:
         # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
@@ -513,6 +510,8 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
     F16: tl.constexpr = p_b.dtype.element_ty == tl.float16
     key_max = tl.zeros([BT], dtype=tl.float32)
     key_low = tl.zeros([BT], dtype=tl.int32)
+    if CHECKPOINT:
+        ck_at = t_start + CK_EVERY   # the row before which the next checkpoint falls
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
         if PER_TOKEN_DECAY:
@@ -614,8 +613,14 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
             s2 = _add_update(s2, g_chunk, b_vd, b_vdt, c2, DOT_PRECISION, TWO_PART)
             s3 = _add_update(s3, g_chunk, b_vd, b_vdt, c3, DOT_PRECISION, TWO_PART)
         if CHECKPOINT:
-            _store_checkpoint(s0, s1, s2, s3, p_ck, ck_row, stride_cks, stride_ckk, stride_ckd,
-                              tl.minimum(t0 + BT, t_end) - t_start, NCK, CK_EVERY, NSLOTS, o_k, o_v, R, D, NK, BK)
+            # a whole chunk that ends where the next checkpoint falls: one counter, no division by K but in the branch
+            hit = (t0 + BT == ck_at) & (ck_at <= t_end)
+            if hit:
+                j = (ck_at - t_start) // CK_EVERY - 1
+                if j < NCK:
+                    _store_checkpoint(s0, s1, s2, s3, p_ck, ck_row + j, stride_cks, stride_ckk, stride_ckd, NSLOTS,
+                                      o_k, o_v, R, D, NK, BK)
+            ck_at = tl.where(hit, ck_at + CK_EVERY, ck_at)
 
         p_b += BT * stride_bn
         p_c += BT * stride_cn
@@ -729,8 +734,12 @@ def _chunk_walk_fwd_kernel(
         p_ld = a_ptr  # unread
         p_sum = sum_ptr
     # CHECKPOINT (VARLEN with a pool): the pool at this head, and sequence i_s's row of the (N, NCK) slot table
-    p_ck = head_ptr(st_ptr, st_strides, 0, i_h)
-    ck_row = ck_ptr + i_s.to(tl.int64) * NCK
+    if CHECKPOINT:
+        p_ck = head_ptr(st_ptr, st_strides, 0, i_h)
+        ck_row = ck_ptr + i_s.to(tl.int64) * NCK
+    else:
+        p_ck = st_ptr  # unread
+        ck_row = ck_ptr
 
     s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
                                  HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)

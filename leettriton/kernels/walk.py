@@ -488,9 +488,10 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
     ``CHECKPOINT`` (a packed sequence's state checkpoints, docs/design.md §13.9): after a chunk's state update,
     where the rows walked so far reach (j + 1)·``CK_EVERY``, the state is stored as checkpoint j to pool slot
     ``ck_row[j]`` (``p_ck``: the pool at this head, slots ``stride_cks`` apart) when j < ``NCK`` and the slot
-    is in [0, ``NSLOTS``).  CK_EVERY is a multiple of every BT, so checkpoints fall at chunk ends; two scalar
-    counters find them (no integer division in the loop), and the stores sit in a branch of their own, taken
-    once per CK_EVERY rows (masked stores in every chunk cost the loop registers: the state's tiles spilled).
+    is in [0, ``NSLOTS``).  CK_EVERY is a multiple of every BT, so checkpoints fall at chunk ends; one scalar
+    counter (the row of the next) finds them, and the slot's load, j's division and the stores sit in a branch
+    taken once per CK_EVERY rows (masked stores in every chunk kept their addresses live through the loop,
+    whose state tiles then spilled).
     """
     if not PER_TOKEN_DECAY:
         # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j

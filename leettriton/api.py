@@ -582,8 +582,8 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         return_state: without a pool, also return the final states, float32 ``(N, heads, r, d)``; with a
             pool, also return the pool itself.
         precision: as in :func:`linear_attention`.
-        check_indices: check the values of cu_seqlens and slot_ids (one device sync each on CUDA, once per
-            tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
+        check_indices: check the values of cu_seqlens, slot_ids and checkpoint_slots (one device sync each on
+            CUDA, once per tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
             rows, never an access out of bounds; a repeated slot is a race).
         log_decay: a per-token decay instead of gamma, ``(T, heads)`` (a ≤ 0, float32 or the inputs' dtype, any
             strides; docs/design.md §1.6), read by the packed chunk walk as it is (``auto``,

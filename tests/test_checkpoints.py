@@ -278,3 +278,23 @@ def test_16_bit_inputs(dtype):
         _, want = leettriton.reference(*one, initial_state=before[SLOT_IDS[i]:SLOT_IDS[i] + 1], return_state=True,
                                        log_decay=decay_rows(a, s, s + n))
         assert_close(pool[slot], want[0], tolerance(dtype), f"{dtype}: sequence {i}'s checkpoint {j}")
+
+
+def test_pieces_of_r():
+    """r = 260, past the walk's 256 keys: each piece of r writes its rows of every checkpoint (kernels/pieces.py)."""
+    g = torch.Generator().manual_seed(11)
+    r, lens = 260, [2 * K + 2, K + 6]
+    T = sum(lens)
+    b, c = ((torch.randn(T, 1, r, generator=g) / 16).to(DEVICE) for _ in range(2))
+    v = torch.randn(T, 1, D, generator=g).to(DEVICE)
+    cu = torch.tensor([0, lens[0], T], device=DEVICE)
+    pool = torch.randn(6, 1, r, D, generator=g).to(DEVICE)
+    before = pool.clone()
+    leettriton.linear_attention_varlen(b, c, v, cu, 0.97, state_pool=pool, slot_ids=torch.tensor([0, 1], device=DEVICE),
+                                       has_initial_state=torch.tensor([True, False], device=DEVICE), checkpoint_every=K,
+                                       checkpoint_slots=torch.tensor([[2, 3], [4, 5]], device=DEVICE))
+    for slot, s, n, initial in ((2, 0, K, before[0:1]), (3, 0, 2 * K, before[0:1]), (4, lens[0], K, None)):
+        _, want = leettriton.reference(rows(b, s, s + n), rows(c, s, s + n), rows(v, s, s + n), 0.97,
+                                       initial_state=initial, return_state=True)
+        assert_close(pool[slot], want[0], TOL, f"checkpoint in slot {slot}")
+    assert torch.equal(pool[5], before[5])

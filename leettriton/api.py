@@ -584,7 +584,8 @@ VARLEN_NATIVE = ("lightning_attention", "block_based")
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
                             has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
-                            check_indices: bool = True, log_decay=None, out=None):
+                            check_indices: bool = True, log_decay=None, out=None, checkpoint_every=None,
+                            checkpoint_slots=None):
     """The operator over a packed batch of variable-length sequences, each on its own (docs/design.md §13.2).
 
     Sequence i is rows [cu_seqlens[i], cu_seqlens[i + 1]) of the packed tokens; its output is that of
@@ -618,8 +619,8 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         return_state: without a pool, also return the final states, float32 ``(N, heads, r, d)``; with a
             pool, also return the pool itself.
         precision: as in :func:`linear_attention`.
-        check_indices: check the values of cu_seqlens and slot_ids (one device sync each on CUDA, once per
-            tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
+        check_indices: check the values of cu_seqlens, slot_ids and checkpoint_slots (one device sync each on
+            CUDA, once per tensor version); ``False`` skips it (the kernel clamps what it reads, so bad offsets give wrong
             rows, never an access out of bounds; a repeated slot is a race).
         log_decay: a per-token decay instead of gamma, ``(T, heads)`` (a ≤ 0, float32 or the inputs' dtype, any
             strides; docs/design.md §1.6), read by the packed chunk walk as it is (``auto``,
@@ -628,6 +629,19 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
             as they are) and returned; with fixed-size buffers, ``check_indices=False`` and ``slot_ids`` −1 for
             padding sequences, a batch of prefills and one-token decodes is one call whose launch does not
             depend on values, so a CUDA graph can capture it (docs/design.md §13.8).
+        checkpoint_every: K, a positive multiple of 64, with ``checkpoint_slots``: state checkpoints for prefix
+            caching (docs/design.md §13.9).  Sequence i's state after each K-th of its own rows, (j + 1)·K, is
+            written to ``state_pool[checkpoint_slots[i, j]]``: the final state :func:`linear_attention` of its
+            first (j + 1)·K rows from its start state returns, so a later call that starts from that slot
+            continues it.  Written by the same launch as the prefill (no further pass over b, c, v), by every
+            packed method (``auto``, ``"lightning_attention"``, ``"block_based"``, the ``"<method>_torch"``
+            twins), with γ or ``log_decay``.
+        checkpoint_slots: int32/int64 ``(N, M)``, any strides (a strided one is copied once, as the other index
+            tensors): entry [i, j] the pool slot of sequence i's j-th checkpoint, −1 for none; checkpoints past a
+            sequence's length (j ≥ length // K) and past M are not written.  Needs a pool.  Its values are checked
+            with the other indices (``check_indices``): each in [−1, slots), no slot twice and none shared with
+            ``slot_ids`` (two writes of one state), else a ValueError before any work; unchecked, the kernel
+            writes only slots in [0, slots).
 
     Returns:
         The output ``(T, heads, d)`` in v's dtype; with ``return_state=True``, ``(output, states)``.
@@ -646,15 +660,18 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
         # the checks of metadata alone, made while tracing (γ's: split_gamma's)
         make_varlen_problem(b, c, v, cu_seqlens, None, state_pool=state_pool, slot_ids=slot_ids,
                             has_initial_state=has_initial_state, return_state=return_state, precision=precision,
-                            check_indices=False, out=out)
+                            check_indices=False, out=out, checkpoint_every=checkpoint_every,
+                            checkpoint_slots=checkpoint_slots)
         return ops.linear_attention_varlen(b, c, v, cu_seqlens, gamma, method=method, state_pool=state_pool,
                                            slot_ids=slot_ids, has_initial_state=has_initial_state,
                                            return_state=return_state, precision=precision, log_decay=log_decay,
-                                           out=out)
+                                           out=out, checkpoint_every=checkpoint_every,
+                                           checkpoint_slots=checkpoint_slots)
     name = registry.canonical_method(method)
     p, out = make_varlen_problem(b, c, v, cu_seqlens, gamma, state_pool=state_pool, slot_ids=slot_ids,
                                  has_initial_state=has_initial_state, return_state=return_state,
-                                 precision=precision, check_indices=check_indices, out=out)
+                                 precision=precision, check_indices=check_indices, out=out,
+                                 checkpoint_every=checkpoint_every, checkpoint_slots=checkpoint_slots)
     B, H, T, r, d = p.shape
     if log_decay is not None:
         check_autograd("linear_attention_varlen", log_decay)
@@ -680,23 +697,32 @@ def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "a
 
 
 def _varlen_by_sequence(p, twin) -> None:
-    """The packed batch one sequence at a time through a PyTorch twin (a loop on the host: the reference path)."""
+    """The packed batch one sequence at a time through a PyTorch twin (a loop on the host: the reference path).
+    With checkpoints (docs/design.md §13.9) a sequence runs as consecutive calls of K rows and a last shorter
+    one, each from the state the one before returned, the state after each K-th row written to its slot."""
     B, H, T, r, d = p.shape
     bounds = p.cu_seqlens.tolist()
     slots = p.slot_ids.tolist() if p.slot_ids is not None else None
     starts = p.has_initial.tolist() if p.has_initial is not None else None
+    every = p.checkpoint_every
+    table = p.checkpoint_slots.tolist() if p.checkpoint_slots is not None else None
     for i in range(p.num_seqs):
-        rows = slice(bounds[i], bounds[i + 1])
         slot = slots[i] if slots is not None else i
         initial = p.initial_state[slot:slot + 1] if starts is not None and starts[i] and slot >= 0 else None
         final = torch.empty((1, H, r, d), dtype=torch.float32, device=p.v.device)
-        if bounds[i + 1] > bounds[i]:
+        start, end = bounds[i], bounds[i + 1]
+        step = every or max(end - start, 1)
+        for j, first in enumerate(range(start, end, step)):
+            rows = slice(first, min(first + step, end))
+            if j:
+                initial = final.clone()   # the state after the rows before: this piece's start
             twin(Problem(p.b[:, :, rows], p.c[:, :, rows], p.v[:, :, rows], p.gamma, initial, p.out[:, :, rows], final,
                          p.precision, log_decay=None if p.log_decay is None else p.log_decay[:, :, rows]))
-        elif initial is not None:
-            final.copy_(initial)
-        else:
-            final.zero_()
+            at = table[i][j] if table is not None and j < len(table[i]) else -1
+            if every and rows.stop - rows.start == every and 0 <= at < p.pool_slots:
+                p.state[at:at + 1].copy_(final)
+        if end == start:
+            final.copy_(initial) if initial is not None else final.zero_()
         if p.state is not None and slot >= 0:
             p.state[slot:slot + 1].copy_(final)
 

@@ -317,7 +317,8 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
                              gamma_value: Optional[float], method: str, state_pool: Optional[Tensor],
                              slot_ids: Optional[Tensor], has_initial_state: Optional[Tensor], return_state: bool,
                              precision: Optional[str], log_decay: Optional[Tensor],
-                             out: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                             out: Optional[Tensor], checkpoint_every: Optional[int],
+                             checkpoint_slots: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """With ``out`` (mutated in place) the output slot of the result is an empty stand-in: an operator never
     returns one of its inputs.  No argument has a default: a mutated argument after a defaulted one is missing
     from the boxed call where it is left at its default, which torch 2.11's in-place bookkeeping indexes."""
@@ -325,7 +326,8 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
         res = _EAGER["linear_attention_varlen"](
             b, c, v, cu_seqlens, _gamma(gamma, gamma_value), method=method, state_pool=state_pool,
             slot_ids=slot_ids, has_initial_state=has_initial_state, return_state=return_state, precision=precision,
-            check_indices=not _skips(v), log_decay=log_decay, out=out)
+            check_indices=not _skips(v), log_decay=log_decay, out=out, checkpoint_every=checkpoint_every,
+            checkpoint_slots=checkpoint_slots)
     o, states = (res[0], res[1]) if return_state else (res, None)
     if out is not None:
         o = v.new_empty((0,))
@@ -336,7 +338,8 @@ def _linear_attention_varlen(b: Tensor, c: Tensor, v: Tensor, cu_seqlens: Tensor
 
 @_linear_attention_varlen.register_fake
 def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, method, state_pool, slot_ids,
-                                  has_initial_state, return_state, precision, log_decay, out):
+                                  has_initial_state, return_state, precision, log_decay, out, checkpoint_every,
+                                  checkpoint_slots):
     T, _, r = b.shape
     H = max(b.shape[1], c.shape[1], v.shape[1])   # the output's heads (grouped heads: docs/design.md §1.7)
     shape = (0,) if out is not None else (T, H, v.shape[-1])
@@ -348,12 +351,14 @@ def _linear_attention_varlen_fake(b, c, v, cu_seqlens, gamma, gamma_value, metho
 
 def linear_attention_varlen(b, c, v, cu_seqlens, gamma=None, *, method: str = "auto", state_pool=None, slot_ids=None,
                             has_initial_state=None, return_state: bool = False, precision: Optional[str] = None,
-                            log_decay=None, out=None):
-    """:func:`leettriton.linear_attention_varlen` through its operator (``out``, if given, written in place)."""
+                            log_decay=None, out=None, checkpoint_every=None, checkpoint_slots=None):
+    """:func:`leettriton.linear_attention_varlen` through its operator (``out``, if given, written in place; the
+    checkpoints, as the final states, written to the pool, a mutated argument)."""
     g, g_value = split_gamma(gamma, max(b.shape[1], c.shape[1], v.shape[1]), v.device)
     res, states = torch.ops.leettriton.linear_attention_varlen(b, c, v, cu_seqlens, g, g_value, method, state_pool,
                                                                slot_ids, has_initial_state, bool(return_state),
-                                                               precision, log_decay, out)
+                                                               precision, log_decay, out, checkpoint_every,
+                                                               checkpoint_slots)
     out = res if out is None else out
     if not return_state:
         return out

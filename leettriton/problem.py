@@ -196,12 +196,18 @@ class VarlenProblem(Problem):
         slot_ids: ``(N,)`` int32/int64 pool slot of each sequence (negative: none), or None (no pool).
         has_initial: ``(N,)`` flags: sequence i starts from its slot's state, or None (every one from zero).
         pool_slots: the pool's number of slots (0 without one).
+        checkpoint_every: K, a positive multiple of :data:`CHECKPOINT_ALIGN`: sequence i's state after each K-th
+            of its rows is written to the pool (0: no checkpoints; docs/design.md §13.9).
+        checkpoint_slots: ``(N, M)`` int32/int64, contiguous: sequence i's j-th checkpoint (its state after
+            (j + 1)·K rows) goes to pool slot ``checkpoint_slots[i, j]`` (negative: not written), or None.
     """
 
     cu_seqlens: Optional[torch.Tensor] = None
     slot_ids: Optional[torch.Tensor] = None
     has_initial: Optional[torch.Tensor] = None
     pool_slots: int = 0
+    checkpoint_every: int = 0
+    checkpoint_slots: Optional[torch.Tensor] = None
 
     @property
     def num_seqs(self) -> int:
@@ -710,9 +716,84 @@ def packed(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 0, 2).unsqueeze(0)
 
 
+CHECKPOINT_ALIGN = 64
+"""State checkpoints fall every K rows of a sequence, K a multiple of this: every chunk length (BT) of the packed
+walk's configs divides it (kernels/walk_space.py), so each checkpoint is the state at the end of a chunk
+(docs/design.md §13.9)."""
+
+
+def check_checkpoints(checkpoint_every, checkpoint_slots, state_pool, num_seqs: int, device) -> None:
+    """The checkpoint arguments of ``linear_attention_varlen`` (docs/design.md §13.9), their metadata only: K and
+    the slot table given together, K a positive multiple of :data:`CHECKPOINT_ALIGN`, the table an int32/int64
+    ``(N, M)`` tensor on the inputs' device, a pool to write to."""
+    if (checkpoint_every is None) != (checkpoint_slots is None):
+        given, missing = (("checkpoint_every", "checkpoint_slots") if checkpoint_slots is None
+                          else ("checkpoint_slots", "checkpoint_every"))
+        raise ValueError(f"{given} needs {missing}: checkpoint_every (K) and checkpoint_slots (the (N, M) pool slots "
+                         f"of each sequence's checkpoints) are given together, got {missing}=None")
+    if checkpoint_every is None:
+        return
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"checkpoint_every must be an int (a positive multiple of {CHECKPOINT_ALIGN}), got "
+                        f"{type_name(checkpoint_every)}")
+    if checkpoint_every <= 0 or checkpoint_every % CHECKPOINT_ALIGN:
+        raise ValueError(f"checkpoint_every must be a positive multiple of {CHECKPOINT_ALIGN} (checkpoints fall at "
+                         f"the ends of the walk's chunks), got {checkpoint_every}")
+    s = checkpoint_slots
+    what = "sequence i's j-th checkpoint's pool slot, −1: none"
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"checkpoint_slots must be an int32 or int64 tensor ({num_seqs}, M) ({what}), got "
+                        f"{type_name(s)}")
+    if s.dtype not in INDEX_DTYPES:
+        raise TypeError(f"checkpoint_slots must be int32 or int64 ({what}), got dtype {s.dtype}")
+    if s.dim() != 2 or s.shape[0] != num_seqs:
+        raise ValueError(f"checkpoint_slots must have shape ({num_seqs}, M) ({what}), got shape {tuple(s.shape)}")
+    if s.device != device:
+        raise ValueError(f"checkpoint_slots must be on the inputs' device {device}, got {s.device}")
+    if state_pool is None:
+        raise ValueError("checkpoint_slots needs a state_pool (slots, heads, r, d) to write the checkpoints to, got "
+                         "state_pool=None")
+
+
+def check_checkpoint_values(checkpoint_slots: torch.Tensor, slot_ids: torch.Tensor, slots: int, check: bool) -> None:
+    """The checkpoint slots' values: each in [−1, ``slots``), no slot twice among the non-negative ones, none
+    among ``slot_ids``' non-negative ones (each would be two writes of one state).  One device sync on CUDA,
+    once per version of the table and of the slot ids, never while capturing, not at all when ``check`` is
+    False: the kernel then writes only slots in [0, slots) (docs/design.md §13.9)."""
+    if not check or checkpoint_slots.numel() == 0 or _capturing(checkpoint_slots):
+        return
+    context = ("checkpoints", slots, id(slot_ids), _CheckedTensors._version(slot_ids), slot_ids.data_ptr())
+    if _CHECKED_INDICES.seen(checkpoint_slots, context):
+        return
+    table = checkpoint_slots.detach()
+    flat = table.reshape(-1)
+    ids = slot_ids.detach()
+    out_of_range = (flat < -1) | (flat >= slots)
+    ordered = torch.sort(flat).values
+    repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)
+    shared = torch.isin(flat, ids) & (flat >= 0)
+    # one device->host transfer for every check
+    bad_range, twice, any_shared = torch.stack([out_of_range.any(), repeated.any(), shared.any()]).tolist()
+    if bad_range:
+        i, j = (int(x) for x in (table < -1).logical_or(table >= slots).nonzero()[0])
+        raise ValueError(f"checkpoint_slots must hold pool slots in [-1, {slots}) (−1: no checkpoint), got "
+                         f"checkpoint_slots[{i}, {j}] = {int(table[i, j])}")
+    if twice:
+        value = int(ordered[1:][repeated][0])
+        raise ValueError(f"checkpoint_slots must not repeat a slot (two checkpoints would write one state), got "
+                         f"slot {value} more than once")
+    if any_shared:
+        i, j = divmod(int(shared.nonzero()[0]), table.shape[1])
+        k = int((ids == table[i, j]).nonzero()[0])
+        raise ValueError(f"checkpoint_slots and slot_ids must not share a slot (a checkpoint and a final state would "
+                         f"both write it), got checkpoint_slots[{i}, {j}] = slot_ids[{k}] = {int(ids[k])}")
+    _CHECKED_INDICES.remember(checkpoint_slots, context)
+
+
 def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slot_ids=None, has_initial_state=None,
                         return_state: bool = False, precision: Optional[str] = None,
-                        check_indices: bool = True, out=None) -> tuple[VarlenProblem, torch.Tensor]:
+                        check_indices: bool = True, out=None, checkpoint_every=None,
+                        checkpoint_slots=None) -> tuple[VarlenProblem, torch.Tensor]:
     """Validate a packed call of ``linear_attention_varlen`` and build its :class:`VarlenProblem`.
 
     Returns the problem and the output ``(T, H, d)`` (``out`` itself when given: a preallocated tensor of
@@ -725,7 +806,8 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
     call reads, is refused (:func:`check_own_memory`, :func:`check_unshared`).
     """
     where = "linear_attention_varlen"
-    cu_seqlens, slot_ids, has_initial_state = (index_as_read(x) for x in (cu_seqlens, slot_ids, has_initial_state))
+    cu_seqlens, slot_ids, has_initial_state, checkpoint_slots = (
+        index_as_read(x) for x in (cu_seqlens, slot_ids, has_initial_state, checkpoint_slots))
     (b, c, v), (T, H, r, d) = check_token_triple(("b", "c", "v"), b, c, v,
                                                  "(T, heads, dim): the packed tokens of every sequence",
                                                  "T and heads (T, heads, dim)")
@@ -763,12 +845,14 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
             if has_initial_state.device != device:
                 raise ValueError(f"has_initial_state must be on the inputs' device {device}, got "
                                  f"{has_initial_state.device}")
+    check_checkpoints(checkpoint_every, checkpoint_slots, state_pool, N, device)
     gamma_h = resolve_gamma(gamma, H, device)
     if state_pool is not None:
         check_own_memory("state_pool", state_pool)
         check_unshared("state_pool", state_pool, (("b", b), ("c", c), ("v", v), ("gamma", gamma_h),
                                                   ("cu_seqlens", cu), ("slot_ids", slot_ids),
-                                                  ("has_initial_state", has_initial_state)))
+                                                  ("has_initial_state", has_initial_state),
+                                                  ("checkpoint_slots", checkpoint_slots)))
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be None or a tensor (T, heads, d) = {(T, H, d)}, got {type_name(out)}")
@@ -778,10 +862,12 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
         check_own_memory("out", out)
         check_unshared("out", out, (("b", b), ("c", c), ("v", v), ("gamma", gamma_h), ("cu_seqlens", cu),
                                     ("slot_ids", slot_ids), ("has_initial_state", has_initial_state),
-                                    ("state_pool", state_pool)))
+                                    ("state_pool", state_pool), ("checkpoint_slots", checkpoint_slots)))
     check_cu_seqlens_values(cu, T, check_indices)
     if state_pool is not None:
         check_slot_values("slot_ids", slot_ids, slots, check_indices)
+    if checkpoint_slots is not None:
+        check_checkpoint_values(checkpoint_slots, slot_ids, slots, check_indices)
 
     out = new_empty((T, H, d), v.dtype, device) if out is None else out
     if state_pool is not None:
@@ -791,7 +877,8 @@ def make_varlen_problem(b, c, v, cu_seqlens, gamma=None, *, state_pool=None, slo
     initial = state_pool if (state_pool is not None and has_initial_state is not None) else None
     problem = VarlenProblem(packed(b), packed(c), packed(v), gamma_h, initial, packed(out), state, precision or "ieee",
                             cu_seqlens=cu, slot_ids=slot_ids, has_initial=has_initial_state if initial is not None
-                            else None, pool_slots=slots)
+                            else None, pool_slots=slots, checkpoint_every=checkpoint_every or 0,
+                            checkpoint_slots=checkpoint_slots)
     return problem, out
 
 

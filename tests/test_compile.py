@@ -272,10 +272,16 @@ def test_opcheck_every_operator():
     T = 7
     opcheck(OPS.linear_attention_varlen, (rand(T, 2, 4), rand(T, 2, 4, seed=1), rand(T, 2, 4, seed=2),
                                           torch.tensor([0, 3, 3, 7]), gamma, None, "auto", pool, slots,
-                                          torch.tensor([True, False, True]), True, None, None, None))
+                                          torch.tensor([True, False, True]), True, None, None, None, None, None))
     opcheck(OPS.linear_attention_varlen, (rand(T, 2, 4), rand(T, 2, 4, seed=1), rand(T, 2, 4, seed=2),   # out=
                                           torch.tensor([0, 3, 3, 7]), gamma, None, "auto", pool, slots,
-                                          torch.tensor([True, False, True]), False, None, None, rand(T, 2, 4)))
+                                          torch.tensor([True, False, True]), False, None, None, rand(T, 2, 4), None,
+                                          None))
+    T = 70   # checkpoints (docs/design.md §13.9): sequence 1's after 64 rows to slot 2
+    opcheck(OPS.linear_attention_varlen, (rand(T, 2, 4), rand(T, 2, 4, seed=1), rand(T, 2, 4, seed=2),
+                                          torch.tensor([0, 3, 3, T]), gamma, None, "auto", pool, slots,
+                                          torch.tensor([True, False, True]), False, None, None, None, 64,
+                                          torch.tensor([[1], [4], [2]])))
     opcheck(OPS.slice_state, (*grad[:3], gamma, None, grad[3], "auto", "bhnd", None))        # distributed's
     opcheck(OPS.slice_state, (b.transpose(1, 2), c.transpose(1, 2), grad[2].transpose(1, 2), None, 0.9, None,
                               "vanilla_torch", "bnhd", None))

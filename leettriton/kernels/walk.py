@@ -100,6 +100,9 @@ PER_TOKEN_DECAY  decays by the per-token a (``a_ptr``): each           a log_dec
                  chunk's mask, row and key decays from the             reversed problem (the backward reverses the
                  cumulative sum of a within it (_token_decays);        decays on copies).  Allowed with every other
                  PREFIX: the segments' decays (``sum_ptr``)            mode: none is switched off for it
+CHECKPOINT       VARLEN: each sequence's state after every CK_EVERY    checkpoint slots given (VARLEN with SLOTS;
+                 of its rows to its slot in the (N, NCK) table at      docs/design.md §13.9); allowed with every
+                 ``ck_ptr`` (negative: none)                           other mode of VARLEN
 PDL              float16's redo is a programmatic dependent launch     a checked float16 walk on compute
                                                                        capability 9 or more
 REDO             float16's second launch: walks again, scaled, the     :func:`redo_args` (the checked walk's
@@ -142,7 +145,7 @@ from .abi import (FP16_MAX, FP16_MIN_NORMAL, any_nonfinite, batch_head, causal_d
                   problem_args, reversed_rows, round_to, store_tile, strides, two_part)
 
 KEY = ["R", "D", "HAS_DECAY", "HAS_INITIAL", "STORE_STATE", "DOT_PRECISION", "SEGMENTED", "PREFIX", "VARLEN", "SLOTS",
-       "TWO_PART", "PIECE", "ACC", "TMA", "CUT", "PER_TOKEN_DECAY"]
+       "TWO_PART", "PIECE", "ACC", "TMA", "CUT", "PER_TOKEN_DECAY", "CHECKPOINT"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
 """log2 e: a natural-log decay a becomes the base-2 exponent a · log2 e."""
@@ -442,12 +445,30 @@ def _token_decays(a, o_t, BT: tl.constexpr):
 
 
 @triton.jit
+def _store_checkpoint(s0, s1, s2, s3, p_ck, slot_ptr, stride_cks, stride_ckk, stride_ckd, NSLOTS, o_k, o_v, R, D,
+                      NK: tl.constexpr, BK: tl.constexpr):
+    """The state tiles s0..s3 as a checkpoint, to the pool slot at ``slot_ptr`` (``p_ck``: the pool at this head,
+    slots ``stride_cks`` apart) if it lies in [0, NSLOTS): −1 writes nothing, nor does a slot the host did not
+    check outside the pool."""
+    slot = tl.load(slot_ptr).to(tl.int64)
+    if (slot >= 0) & (slot < NSLOTS):
+        p = p_ck + slot * stride_cks
+        _store_state(p, s0, stride_ckk, stride_ckd, o_k, o_v, R, D)
+        if NK >= 2:
+            _store_state(p, s1, stride_ckk, stride_ckd, BK + o_k, o_v, R, D)
+        if NK >= 4:
+            _store_state(p, s2, stride_ckk, stride_ckd, 2 * BK + o_k, o_v, R, D)
+            _store_state(p, s3, stride_ckk, stride_ckd, 3 * BK + o_k, o_v, R, D)
+
+
+@triton.jit
 def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t,
                  o_k, o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-                 stride_an, stride_ad, stride_ldn, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 stride_an, stride_ad, stride_ldn, p_ck, ck_row, stride_cks, stride_ckk, stride_ckd, NCK, CK_EVERY,
+                 NSLOTS, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  TWO_PART: tl.constexpr, PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
-                 PER_TOKEN_DECAY: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
-                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                 PER_TOKEN_DECAY: tl.constexpr, CHECKPOINT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
+                 CAUSAL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Walk rows t_start … t_end − 1 from the state tiles s0..s3, writing their outputs; returns the state
     after them and whether float16's check failed (``bad``, a scalar; always 0 unless MODE is 1).
 
@@ -463,6 +484,14 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
 
     ``PER_TOKEN_DECAY``: the decays are each chunk's own, from its per-token decays (``p_ld``, the row stride
     ``stride_ldn``; :func:`_token_decays`), in place of γ's, which depend on local positions only.
+
+    ``CHECKPOINT`` (a packed sequence's state checkpoints, docs/design.md §13.9): after a chunk's state update,
+    where the rows walked so far reach (j + 1)·``CK_EVERY``, the state is stored as checkpoint j to pool slot
+    ``ck_row[j]`` (``p_ck``: the pool at this head, slots ``stride_cks`` apart) when j < ``NCK`` and the slot
+    is in [0, ``NSLOTS``).  CK_EVERY is a multiple of every BT, so checkpoints fall at chunk ends; one scalar
+    counter (the row of the next) finds them, and the slot's load, j's division and the stores sit in a branch
+    taken once per CK_EVERY rows (masked stores in every chunk kept their addresses live through the loop,
+    whose state tiles then spilled).
     """
     if not PER_TOKEN_DECAY:
         # both depend on local positions only: the same for every chunk.  m_intra_t[j, i] = γ^(i−j), i ≥ j
@@ -482,6 +511,8 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
     F16: tl.constexpr = p_b.dtype.element_ty == tl.float16
     key_max = tl.zeros([BT], dtype=tl.float32)
     key_low = tl.zeros([BT], dtype=tl.int32)
+    if CHECKPOINT:
+        ck_at = t_start + CK_EVERY   # the row before which the next checkpoint falls
     for t0 in range(t_start, t_end, BT):
         rows = t_end - t0  # rows of this chunk present (the last may be short; its tail loads as zero)
         if PER_TOKEN_DECAY:
@@ -582,6 +613,15 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
         if NK >= 4:
             s2 = _add_update(s2, g_chunk, b_vd, b_vdt, c2, DOT_PRECISION, TWO_PART)
             s3 = _add_update(s3, g_chunk, b_vd, b_vdt, c3, DOT_PRECISION, TWO_PART)
+        if CHECKPOINT:
+            # a whole chunk that ends where the next checkpoint falls: one counter, no division by K but in the branch
+            hit = (t0 + BT == ck_at) & (ck_at <= t_end)
+            if hit:
+                j = (ck_at - t_start) // CK_EVERY - 1
+                if j < NCK:
+                    _store_checkpoint(s0, s1, s2, s3, p_ck, ck_row + j, stride_cks, stride_ckk, stride_ckd, NSLOTS,
+                                      o_k, o_v, R, D, NK, BK)
+            ck_at = tl.where(hit, ck_at + CK_EVERY, ck_at)
 
         p_b += BT * stride_bn
         p_c += BT * stride_cn
@@ -604,10 +644,10 @@ def _chunk_walk_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ws_ptr, SEG, NS, NW, SUB, cu_ptr, slot_ptr, init_ptr, NSLOTS, acc_ptr, acc_strides, flag_ptr, a_ptr, a_strides,
-    sum_ptr,
+    sum_ptr, ck_ptr, NCK, CK_EVERY,
     SEGMENTED: tl.constexpr, PREFIX: tl.constexpr, VARLEN: tl.constexpr, SLOTS: tl.constexpr, RP: tl.constexpr,
     TWO_PART: tl.constexpr, PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
-    PER_TOKEN_DECAY: tl.constexpr, REDO: tl.constexpr,
+    PER_TOKEN_DECAY: tl.constexpr, CHECKPOINT: tl.constexpr, REDO: tl.constexpr,
     PDL: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # r is cut into NK tiles of BK (RP = r rounded up to a power of two): the transposed state Sᵀ
@@ -694,14 +734,22 @@ def _chunk_walk_fwd_kernel(
     else:
         p_ld = a_ptr  # unread
         p_sum = sum_ptr
+    # CHECKPOINT (VARLEN with a pool): the pool at this head, and sequence i_s's row of the (N, NCK) slot table
+    if CHECKPOINT:
+        p_ck = head_ptr(st_ptr, st_strides, 0, i_h)
+        ck_row = ck_ptr + i_s.to(tl.int64) * NCK
+    else:
+        p_ck = st_ptr  # unread
+        ck_row = ck_ptr
 
     s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
                                  HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)
     s0, s1, s2, s3, bad, out_of_range = _walk_chunks(
         s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
         stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-        acc_strides[2], acc_strides[3], a_strides[2], HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT,
-        PER_TOKEN_DECAY, NK, MODE, False, BT, BK, BV)
+        acc_strides[2], acc_strides[3], a_strides[2], p_ck, ck_row, st_strides[0], st_strides[2], st_strides[3], NCK,
+        CK_EVERY, NSLOTS, HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK,
+        MODE, False, BT, BK, BV)
     # a non-finite c or v in the walked rows made the state non-finite, and may have reached earlier rows of
     # its chunk through a zero score (0 · inf): the program walks its rows again in the causal form, its
     # outputs written over (docs/nonfinite.md); so does one whose float16 scores left float16's range.  Other
@@ -713,9 +761,9 @@ def _chunk_walk_fwd_kernel(
             p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, p_b - t_start64 *
             stride_bn, p_c - t_start64 * stride_cn, p_v - t_start64 * stride_vn, t_start, t_end, N, R, D, lam, i_v,
             stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, acc_strides[2],
-            acc_strides[3], a_strides[2], flag_ptr, pid, p_st, st_strides[2], st_strides[3], NS, d_final,
-            HAS_DECAY, HAS_INITIAL, PREFIX, STORE_STATE, VARLEN, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT,
-            PER_TOKEN_DECAY, NK, MODE, BT, BK, BV)
+            acc_strides[3], a_strides[2], flag_ptr, pid, p_st, st_strides[2], st_strides[3], NS, d_final, p_ck, ck_row,
+            st_strides[0], NCK, CK_EVERY, NSLOTS, HAS_DECAY, HAS_INITIAL, PREFIX, STORE_STATE, VARLEN, DOT_PRECISION,
+            TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK, MODE, BT, BK, BV)
     else:
         _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, st_strides[2], st_strides[3], i_s, NS, o_k, o_v, R, D,
                   d_final, STORE_STATE, VARLEN, NK, MODE, BK)
@@ -752,16 +800,18 @@ def _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, stride_stk, stride_std, 
 def _causal_walk(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, h_b, h_c, h_v,
                  t_start, t_end, N, R, D, lam, i_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd,
                  stride_on, stride_od, stride_an, stride_ad, stride_ldn, flag_ptr, pid, p_st, stride_stk, stride_std,
-                 NS, d_final, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, PREFIX: tl.constexpr,
+                 NS, d_final, p_ck, ck_row, stride_cks, NCK, CK_EVERY, NSLOTS, HAS_DECAY: tl.constexpr,
+                 HAS_INITIAL: tl.constexpr, PREFIX: tl.constexpr,
                  STORE_STATE: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  TWO_PART: tl.constexpr, PIECE: tl.constexpr, ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr,
-                 PER_TOKEN_DECAY: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr, BT: tl.constexpr,
-                 BK: tl.constexpr, BV: tl.constexpr):
+                 PER_TOKEN_DECAY: tl.constexpr, CHECKPOINT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """The walk's slow, causal form (docs/nonfinite.md) over the program's rows again, from its start state,
     its outputs written over, then :func:`_walk_end`.  Its own function, called (not inlined) by a program
     whose fast walk met a non-finite value or float16 scores out of range: its registers are allocated apart
     from the fast walk's, which would otherwise spill.  Scalars and pointers in, nothing out (Triton passes
-    no tensor across a call); ``h_b``, ``h_c``, ``h_v`` the head's rows from 0 (the tensor descriptors')."""
+    no tensor across a call); ``h_b``, ``h_c``, ``h_v`` the head's rows from 0 (the tensor descriptors').
+    ``CHECKPOINT``: the checkpoints are written again, from the slow form's states."""
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -776,8 +826,8 @@ def _causal_walk(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b,
     s0, s1, s2, s3, bad, _ = _walk_chunks(
         s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
         stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an, stride_ad,
-        stride_ldn, HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, NK, MODE, True, BT, BK,
-        BV)
+        stride_ldn, p_ck, ck_row, stride_cks, stride_stk, stride_std, NCK, CK_EVERY, NSLOTS, HAS_DECAY, DOT_PRECISION,
+        TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK, MODE, True, BT, BK, BV)
     _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, stride_stk, stride_std, i_s, NS, o_k, o_v, R, D, d_final,
               STORE_STATE, VARLEN, NK, MODE, BK)
 
@@ -792,14 +842,14 @@ def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_opti
     restores it between trials).
     """
     kernel = autotune(space, key=KEY, **autotune_options)(
-        triton.jit(do_not_specialize=["N", "SEG", "NS", "NW", "SUB", "NSLOTS"])(_chunk_walk_fwd_kernel))
+        triton.jit(do_not_specialize=["N", "SEG", "NS", "NW", "SUB", "NSLOTS", "NCK", "CK_EVERY"])(_chunk_walk_fwd_kernel))
     if compiled:
         kernel.launches = CompiledLaunches(kernel, WALK_POINTERS)
     return kernel
 
 
 WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_ptr", "ws_ptr", "cu_ptr", "slot_ptr",
-                 "init_ptr", "acc_ptr", "flag_ptr", "a_ptr", "sum_ptr")
+                 "init_ptr", "acc_ptr", "flag_ptr", "a_ptr", "sum_ptr", "ck_ptr")
 """The chunk walk's tensor arguments.  Each walk kernel launches through its ``launches``
 (:class:`~leettriton.autotune.configs.CompiledLaunches`): a shape, strides, dtypes, flags and config
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
@@ -889,6 +939,7 @@ class WalkSpec:
     CUT: bool
     PDL: bool
     PER_TOKEN_DECAY: bool = False
+    CHECKPOINT: bool = False
     REDO: bool = False
 
     def constexprs(self) -> dict:
@@ -931,6 +982,7 @@ def walk_spec(p: Problem, flags: Optional[torch.Tensor], *, seg_len: Optional[in
         CUT=tma and (seg_len if segmented else n) % CHUNK_ROWS_MAX != 0,
         PDL=redo_by_pdl(p, flags),
         PER_TOKEN_DECAY=p.log_decay is not None,
+        CHECKPOINT=varlen and p.checkpoint_slots is not None,
     )
 
 
@@ -960,7 +1012,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     decays = token_decay_args(p)
     sums = segment_sums(ws) if prefix and p.log_decay is not None else out  # (else an unread stand-in)
     if p.repeat_launch(mark, (stand_in, stand_in, stand_in, stand_in, out if partial is None else partial,
-                              out if flags is None else flags, decays["a_ptr"], sums)):
+                              out if flags is None else flags, decays["a_ptr"], sums, stand_in)):
         return
     B, H, n, r, d = p.shape
     args = problem_args(p)
@@ -973,6 +1025,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if spec.SEGMENTED else 1, SUB=sub, cu_ptr=ws,
                 slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=p.out if flags is None else flags, sum_ptr=sums,
+                ck_ptr=ws, NCK=0, CK_EVERY=1,
                 **decays, **partial_args(p, args, partial), **spec.constexprs())
     p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None))
 
@@ -1066,6 +1119,14 @@ def launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping] = None) -> No
     in_r_pieces(p, WALK_MAX_R, lambda piece, partial: _launch_varlen_walk(piece, config, partial))
 
 
+def checkpoint_args(p: VarlenProblem) -> dict:
+    """The packed walk's checkpoint arguments (docs/design.md §13.9): the ``(N, M)`` slot table (contiguous: the
+    problem holds it as the kernel reads it), M and K; without checkpoints cu_seqlens as an unread stand-in."""
+    if p.checkpoint_slots is None:
+        return dict(ck_ptr=p.cu_seqlens, NCK=0, CK_EVERY=1)
+    return dict(ck_ptr=p.checkpoint_slots, NCK=p.checkpoint_slots.shape[1], CK_EVERY=p.checkpoint_every)
+
+
 def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Optional[torch.Tensor]) -> None:
     B, H, n, r, d = p.shape
     seqs = p.num_seqs
@@ -1077,6 +1138,7 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
                 slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
                 flag_ptr=p.out if flags is None else flags, sum_ptr=p.out, **token_decay_args(p),
+                **checkpoint_args(p),
                 **partial_args(p, args, partial), **walk_spec(p, flags, partial=partial).constexprs())
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call.  float16: the redo with the config the checked walk ran

@@ -231,10 +231,10 @@ def commit_tree(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: torch.
 
 def _no_prefix_tracking(engine: str, field: str) -> NotImplementedError:
     return NotImplementedError(
-        f"{engine} prefix caching ({field}) needs the prefill's state at block boundaries inside a sequence; "
-        f"leettriton.linear_attention_varlen returns only each sequence's final state (no mid-sequence "
-        f"checkpoints yet), so these states cannot be produced without a second pass: disable the engine's "
-        f"prefix cache for linear-attention layers")
+        f"{engine} prefix caching ({field}) is not mapped by this adapter yet (mid-sequence checkpoints): "
+        f"leettriton.linear_attention_varlen(..., checkpoint_every=K, checkpoint_slots=S) writes each "
+        f"sequence's state every K tokens in the prefill itself (docs/serving.md §13.9); call it with the "
+        f"engine's block size and slots, or disable the engine's prefix cache for linear-attention layers")
 
 
 # --------------------------------------------------------------------------- vLLM

@@ -18,7 +18,8 @@ The fields read, and where the engines define them:
   included, so ≥ 1); padding rows hold ``PAD_SLOT_ID`` (−1, ``vllm/v1/attention/backends/utils.py``).
   ``mamba_attn.py`` ``BaseMambaAttentionMetadata`` names the same things ``has_initial_states_p``,
   ``state_indices_tensor_d`` / ``_p`` and, with prefix caching, ``block_idx_last_scheduled_token`` and
-  ``block_idx_first_scheduled_token_p`` (states kept at block boundaries).
+  ``block_idx_first_scheduled_token_p`` (``mamba_cache_mode = "all"``: states kept at block boundaries;
+  refused, :func:`_vllm_prefix_caching` says why).
 * SGLang, ``python/sglang/srt/layers/attention/linear/linear_metadata.py`` ``BailingLinearMetadata`` (used
   by ``lightning_backend.py``): ``num_prefills``, ``num_prefill_tokens``, ``num_decodes`` (host ints),
   ``query_start_loc`` (seg_la's ``q_offsets``; ``prepare_mixed`` cuts it to the prefills'
@@ -233,12 +234,33 @@ def commit_tree(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: torch.
     _commit(state_pool, slot_ids, states, "accepted_node", accepted_node, 1)
 
 
-def _no_prefix_tracking(engine: str, field: str) -> NotImplementedError:
+def _vllm_prefix_caching(field: str, value) -> NotImplementedError:
+    """vLLM's ``mamba_cache_mode = "all"`` prefix caching, refused (docs/design.md §13.6).
+
+    The contract (``vllm/v1/attention/backends/mamba_attn.py`` ``_compute_prefix_caching_block_indices``;
+    ``model_executor/layers/mamba/mamba_mixer2.py``, its prefill branch): ``state_indices_tensor`` is the
+    whole block table ``(batch, blocks)``, block b of a request holding its state after its first
+    (b + 1)·``mamba_block_size`` tokens, counted from the request's start.  With ``nc`` its computed tokens
+    (``num_computed_tokens_p``, on the device) and L its length after the step (``seq_lens``), a prefill
+    reads its start state from block ``block_idx_last_computed_token = ceil(nc / B) − 1``, writes the states
+    at the block ends inside the step into blocks ``block_idx_first_scheduled_token_p = floor(nc / B)`` to
+    ``block_idx_last_scheduled_token − 1`` and its final state into ``block_idx_last_scheduled_token =
+    ceil(L / B) − 1``.  Those ends fall every B rows of the call only where nc is a multiple of B, and the
+    mixer serves any nc (chunked prefill: its ``num_unaligned_computed_tokens``); nc is read on the device
+    only, so the adapter cannot tell, before any work and without a sync, that every boundary lands on a
+    checkpoint (every multiple of 64 rows from the call's start).  A mapping that guessed would leave blocks
+    unwritten that the cache later hands out as prefixes.  ``"align"`` mode carries none of these fields:
+    its ``state_indices_tensor`` column 0 is the block of the last scheduled token, the one slot the kernels
+    read and write (``mamba_attn.py``: ``state_indices_tensor_p[:, 0]``), served as without a cache."""
+    given = f"a {tuple(value.shape)} tensor" if isinstance(value, torch.Tensor) else repr(value)
     return NotImplementedError(
-        f"{engine} prefix caching ({field}) is not mapped by this adapter yet (mid-sequence checkpoints): "
-        f"leettriton.linear_attention_varlen(..., checkpoint_every=K, checkpoint_slots=S) writes each "
-        f"sequence's state every K tokens in the prefill itself (docs/serving.md §13.9); call it with the "
-        f"engine's block size and slots, or disable the engine's prefix cache for linear-attention layers")
+        f"vLLM prefix caching in mamba_cache_mode 'all' is not mapped (metadata.{field} is set: {given}): "
+        f"vLLM wants each prefill's states at absolute block ends ((b + 1)·block_size tokens from the request's "
+        f"start), which fall every K rows of the prefill call only when its num_computed_tokens_p is a multiple "
+        f"of the block size, and that count is on the device (checking it would be a sync; guessing would leave "
+        f"cached blocks unwritten). Run vLLM with mamba_cache_mode 'align' (one slot per request, served "
+        f"here), or call linear_attention_varlen(..., checkpoint_every=K, checkpoint_slots=S) with a table "
+        f"built from host-known counts (docs/serving.md §13.9)")
 
 
 # --------------------------------------------------------------------------- vLLM
@@ -261,8 +283,10 @@ def vllm_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check_i
             slot when it has computed tokens before this step (``seq_lens − query length > 0``, vLLM's
             ``compute_num_computed_tokens() > 0``), or as the field ``has_initial_state``
             (``gdn_attn.py``) / ``has_initial_states_p`` (``mamba_attn.py``) says when the object has one.
-            Prefix-caching metadata (``block_idx_first_scheduled_token_p`` /
-            ``block_idx_last_scheduled_token`` not None) raises ``NotImplementedError``.
+            Prefix caching in ``mamba_cache_mode = "all"`` (``block_idx_first_scheduled_token_p`` /
+            ``block_idx_last_scheduled_token`` not None, ``mamba_attn.py``) raises
+            ``NotImplementedError`` before any work (:func:`_vllm_prefix_caching` says why); ``"align"``
+            mode needs no field of its own.
         gamma: as in :func:`leettriton.linear_attention` (γ = exp(−slope) per head).
         out: ``(T, heads, d)`` in v's dtype, or None.
         check_indices: validate slot ids and offsets (one device sync per call on CUDA).
@@ -273,7 +297,7 @@ def vllm_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check_i
     """
     for field in ("block_idx_first_scheduled_token_p", "block_idx_last_scheduled_token"):
         if _field(metadata, field, required=False) is not None:
-            raise _no_prefix_tracking("vLLM", field)
+            raise _vllm_prefix_caching(field, _field(metadata, field))
     nd, ndt = _count(metadata, "num_decodes"), _count(metadata, "num_decode_tokens")
     npf, npt = _count(metadata, "num_prefills"), _count(metadata, "num_prefill_tokens")
     if nd != ndt:

@@ -53,7 +53,7 @@ class VllmGDNSpecMetadata:
 
 @dataclass
 class VllmMambaPrefixMetadata(VllmLinearAttentionMetadata):
-    """With vLLM's prefix-caching fields (mamba metadata's block_idx_*)."""
+    """With the prefix-caching fields of vllm/v1/attention/backends/mamba_attn.py (mamba_cache_mode "all")."""
     block_idx_last_scheduled_token: Optional[torch.Tensor] = None
     block_idx_first_scheduled_token_p: Optional[torch.Tensor] = None
 
@@ -225,10 +225,14 @@ def test_vllm_prefix_caching_is_refused():
     H, r, d = 2, 16, 16
     b, c, v = tokens(4, H, r, d, seed=9)
     meta = VllmMambaPrefixMetadata(1, 4, 0, 0, ids([0, 4]), ids([4]), ids([1]),
-                                   block_idx_last_scheduled_token=ids([0]))
+                                   block_idx_last_scheduled_token=ids([0]), block_idx_first_scheduled_token_p=ids([0]))
     pool = pool_of(H, r, d, seed=10)
     before = pool.clone()
-    with pytest.raises(NotImplementedError, match="mid-sequence checkpoints"):
+    with pytest.raises(NotImplementedError, match=r"mamba_cache_mode 'all'.*block_idx_first_scheduled_token_p is "
+                                                  r"set: a \(1,\) tensor.*num_computed_tokens_p"):
+        serving.vllm_forward(b, c, v, pool, meta, GAMMA)
+    meta.block_idx_first_scheduled_token_p = None
+    with pytest.raises(NotImplementedError, match=r"block_idx_last_scheduled_token is set.*mamba_cache_mode 'align'"):
         serving.vllm_forward(b, c, v, pool, meta, GAMMA)
     assert torch.equal(pool, before)
 

@@ -250,8 +250,10 @@ def _vllm_prefix_caching(field: str, value) -> NotImplementedError:
     only, so the adapter cannot tell, before any work and without a sync, that every boundary lands on a
     checkpoint (every multiple of 64 rows from the call's start).  A mapping that guessed would leave blocks
     unwritten that the cache later hands out as prefixes.  ``"align"`` mode carries none of these fields:
-    its ``state_indices_tensor`` column 0 is the block of the last scheduled token, the one slot the kernels
-    read and write (``mamba_attn.py``: ``state_indices_tensor_p[:, 0]``), served as without a cache."""
+    its ``state_indices_tensor`` (``backends/utils.py`` ``mamba_get_block_table_tensor``) starts at the block
+    of the last scheduled token, column 0 being the one slot the kernels read and write (``mamba_attn.py``:
+    ``state_indices_tensor_p[:, 0]``; the runner moves states between blocks, ``vllm/v1/worker/
+    mamba_utils.py``), served as without a cache."""
     given = f"a {tuple(value.shape)} tensor" if isinstance(value, torch.Tensor) else repr(value)
     return NotImplementedError(
         f"vLLM prefix caching in mamba_cache_mode 'all' is not mapped (metadata.{field} is set: {given}): "

@@ -503,8 +503,8 @@ def _sglang_tracked(metadata, npf: int, chunk):
     if chunk <= 0 or chunk % CHECKPOINT_ALIGN:
         raise ValueError(f"mamba_chunk_size must be a positive multiple of {CHECKPOINT_ALIGN} to track states with "
                          f"track_ssm_h_dst (the prefill checkpoints every multiple of {CHECKPOINT_ALIGN} tokens, "
-                         f"docs/design.md "
-                         f"§13.9), got {chunk}: the state after j·{chunk} tokens falls inside the walk's chunks")
+                         f"docs/design.md §13.9), got {chunk}: the state after j·{chunk} tokens falls inside the "
+                         f"walk's chunks")
     if npf == 0:
         raise ValueError(f"metadata.track_ssm_h_dst has {h_dst.shape[0]} entries but num_prefills is 0: "
                          f"mid-sequence states are tracked in prefills only")

@@ -365,6 +365,7 @@ def test_sglang_tracked_states_are_checkpoints(dims):
     (dict(src=[1, 2]), ValueError, "track_ssm_h_src and track_ssm_h_dst must have one length"),
     (dict(src=None), ValueError, "track_ssm_h_src must be a 1-D int32/int64 tensor"),
     (dict(prefills=0), ValueError, "track_ssm_h_dst has 1 entries but num_prefills is 0"),
+    (dict(src=[1], check=True), ValueError, "track_ssm_h_src must name states of the 1 prefills"),
 ])
 def test_sglang_tracking_refusals(change, error, match):
     """Refused before any work: the pool is untouched."""
@@ -385,7 +386,8 @@ def test_sglang_tracking_refusals(change, error, match):
     pool = pool_of(H, r, d, seed=24)
     before = pool.clone()
     with pytest.raises(error, match=match):
-        serving.sglang_forward(b, c, v, pool, meta, GAMMA, mamba_chunk_size=change.get("chunk", 64))
+        serving.sglang_forward(b, c, v, pool, meta, GAMMA, mamba_chunk_size=change.get("chunk", 64),
+                               check_indices=change.get("check", False))
     assert torch.equal(pool, before)
 
 

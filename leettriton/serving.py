@@ -18,15 +18,19 @@ The fields read, and where the engines define them:
   included, so ≥ 1); padding rows hold ``PAD_SLOT_ID`` (−1, ``vllm/v1/attention/backends/utils.py``).
   ``mamba_attn.py`` ``BaseMambaAttentionMetadata`` names the same things ``has_initial_states_p``,
   ``state_indices_tensor_d`` / ``_p`` and, with prefix caching, ``block_idx_last_scheduled_token`` and
-  ``block_idx_first_scheduled_token_p`` (states kept at block boundaries).
+  ``block_idx_first_scheduled_token_p`` (``mamba_cache_mode = "all"``: states kept at block boundaries;
+  refused, :func:`_vllm_prefix_caching` says why).
 * SGLang, ``python/sglang/srt/layers/attention/linear/linear_metadata.py`` ``BailingLinearMetadata`` (used
   by ``lightning_backend.py``): ``num_prefills``, ``num_prefill_tokens``, ``num_decodes`` (host ints),
   ``query_start_loc`` (seg_la's ``q_offsets``; ``prepare_mixed`` cuts it to the prefills'
   ``num_prefills + 1`` entries), ``mamba_cache_indices`` (seg_la's ``s_offsets``; −1 = padding),
   ``has_initial_states`` (seg_la's ``s_scales``).  SGLang orders the **prefills first**, then the
-  decodes.  Its ``ForwardMetadata`` carries the prefix-cache fields ``track_ssm_h_src`` /
-  ``track_ssm_h_dst`` (states mid-sequence, at ``mamba_cache_chunk_size`` boundaries) and
-  ``track_ssm_final_src`` / ``track_ssm_final_dst`` (a copy of the final state into a second slot).
+  decodes.  Its ``ForwardMetadata`` (``layers/attention/mamba/mamba2_metadata.py``, filled by
+  ``hybrid_linear_attn_backend.py`` ``_init_track_ssm_indices``) carries the prefix-cache fields
+  ``track_ssm_h_src`` / ``track_ssm_h_dst`` (one state per tracked extend, after a multiple of the chunk
+  size of its tokens, counted from the extend's start: run as the prefill's checkpoints, docs/design.md
+  §13.9) and ``track_ssm_final_src`` / ``track_ssm_final_dst`` (a copy of the final state into a second
+  slot).
 
 The operator's mapping: b is the engine's q, c its k, v its v, and γ = exp(−slope) per head (the lightning
 layers' ALiBi-like slopes).  The engines' ``softmax_scale`` / ``layer.scaling`` has no place in the
@@ -52,6 +56,7 @@ from __future__ import annotations
 import torch
 
 from leettriton.api import decode_step, decode_tokens, linear_attention_varlen
+from leettriton.problem import CHECKPOINT_ALIGN
 
 __all__ = [
     "commit_accepted",
@@ -229,12 +234,35 @@ def commit_tree(state_pool: torch.Tensor, slot_ids: torch.Tensor, states: torch.
     _commit(state_pool, slot_ids, states, "accepted_node", accepted_node, 1)
 
 
-def _no_prefix_tracking(engine: str, field: str) -> NotImplementedError:
+def _vllm_prefix_caching(field: str, value) -> NotImplementedError:
+    """vLLM's ``mamba_cache_mode = "all"`` prefix caching, refused (docs/design.md §13.6).
+
+    The contract (``vllm/v1/attention/backends/mamba_attn.py`` ``_compute_prefix_caching_block_indices``;
+    ``model_executor/layers/mamba/mamba_mixer2.py``, its prefill branch): ``state_indices_tensor`` is the
+    whole block table ``(batch, blocks)``, block b of a request holding its state after its first
+    (b + 1)·``mamba_block_size`` tokens, counted from the request's start.  With ``nc`` its computed tokens
+    (``num_computed_tokens_p``, on the device) and L its length after the step (``seq_lens``), a prefill
+    reads its start state from block ``block_idx_last_computed_token = ceil(nc / B) − 1``, writes the states
+    at the block ends inside the step into blocks ``block_idx_first_scheduled_token_p = floor(nc / B)`` to
+    ``block_idx_last_scheduled_token − 1`` and its final state into ``block_idx_last_scheduled_token =
+    ceil(L / B) − 1``.  Those ends fall every B rows of the call only where nc is a multiple of B, and the
+    mixer serves any nc (chunked prefill: its ``num_unaligned_computed_tokens``); nc is read on the device
+    only, so the adapter cannot tell, before any work and without a sync, that every boundary lands on a
+    checkpoint (every multiple of 64 rows from the call's start).  A mapping that guessed would leave blocks
+    unwritten that the cache later hands out as prefixes.  ``"align"`` mode carries none of these fields:
+    its ``state_indices_tensor`` (``backends/utils.py`` ``mamba_get_block_table_tensor``) starts at the block
+    of the last scheduled token, column 0 being the one slot the kernels read and write (``mamba_attn.py``:
+    ``state_indices_tensor_p[:, 0]``; the runner moves states between blocks, ``vllm/v1/worker/
+    mamba_utils.py``), served as without a cache."""
+    given = f"a {tuple(value.shape)} tensor" if isinstance(value, torch.Tensor) else repr(value)
     return NotImplementedError(
-        f"{engine} prefix caching ({field}) is not mapped by this adapter yet (mid-sequence checkpoints): "
-        f"leettriton.linear_attention_varlen(..., checkpoint_every=K, checkpoint_slots=S) writes each "
-        f"sequence's state every K tokens in the prefill itself (docs/serving.md §13.9); call it with the "
-        f"engine's block size and slots, or disable the engine's prefix cache for linear-attention layers")
+        f"vLLM prefix caching in mamba_cache_mode 'all' is not mapped (metadata.{field} is set: {given}): "
+        f"vLLM wants each prefill's states at absolute block ends ((b + 1)·block_size tokens from the request's "
+        f"start), which fall every K rows of the prefill call only when its num_computed_tokens_p is a multiple "
+        f"of the block size, and that count is on the device (checking it would be a sync; guessing would leave "
+        f"cached blocks unwritten). Run vLLM with mamba_cache_mode 'align' (one slot per request, served "
+        f"here), or call linear_attention_varlen(..., checkpoint_every=K, checkpoint_slots=S) with a table "
+        f"built from host-known counts (docs/serving.md §13.9)")
 
 
 # --------------------------------------------------------------------------- vLLM
@@ -257,8 +285,10 @@ def vllm_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check_i
             slot when it has computed tokens before this step (``seq_lens − query length > 0``, vLLM's
             ``compute_num_computed_tokens() > 0``), or as the field ``has_initial_state``
             (``gdn_attn.py``) / ``has_initial_states_p`` (``mamba_attn.py``) says when the object has one.
-            Prefix-caching metadata (``block_idx_first_scheduled_token_p`` /
-            ``block_idx_last_scheduled_token`` not None) raises ``NotImplementedError``.
+            Prefix caching in ``mamba_cache_mode = "all"`` (``block_idx_first_scheduled_token_p`` /
+            ``block_idx_last_scheduled_token`` not None, ``mamba_attn.py``) raises
+            ``NotImplementedError`` before any work (:func:`_vllm_prefix_caching` says why); ``"align"``
+            mode needs no field of its own.
         gamma: as in :func:`leettriton.linear_attention` (γ = exp(−slope) per head).
         out: ``(T, heads, d)`` in v's dtype, or None.
         check_indices: validate slot ids and offsets (one device sync per call on CUDA).
@@ -269,7 +299,7 @@ def vllm_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check_i
     """
     for field in ("block_idx_first_scheduled_token_p", "block_idx_last_scheduled_token"):
         if _field(metadata, field, required=False) is not None:
-            raise _no_prefix_tracking("vLLM", field)
+            raise _vllm_prefix_caching(field, _field(metadata, field))
     nd, ndt = _count(metadata, "num_decodes"), _count(metadata, "num_decode_tokens")
     npf, npt = _count(metadata, "num_prefills"), _count(metadata, "num_prefill_tokens")
     if nd != ndt:
@@ -378,7 +408,8 @@ def vllm_spec_decode(b, c, v, state_pool, metadata, gamma=None, *, out=None, che
 # --------------------------------------------------------------------------- SGLang
 
 
-def sglang_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check_indices: bool = False):
+def sglang_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check_indices: bool = False,
+                   mamba_chunk_size=None):
     """An SGLang extend or decode batch, prefills first, then one-token decodes (``lightning_backend.py``).
 
     Args:
@@ -390,18 +421,20 @@ def sglang_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check
             ``num_prefills``, ``num_prefill_tokens`` (host ints), ``query_start_loc`` (the prefills'
             offsets, ≥ ``num_prefills + 1`` entries), ``mamba_cache_indices`` ``(batch,)``,
             ``has_initial_states`` ``(batch,)`` (``extend_prefix_lens > 0``).  Prefix-cache tracking:
-            ``track_ssm_h_dst`` non-empty raises ``NotImplementedError`` (mid-sequence states);
-            ``track_ssm_final_src`` / ``track_ssm_final_dst`` are applied after the call
-            (:func:`copy_states`).
+            ``track_ssm_h_src`` / ``track_ssm_h_dst`` (mid-sequence states, see :func:`_sglang_tracked`)
+            become checkpoints of the prefill call (docs/design.md §13.9); ``track_ssm_final_src`` /
+            ``track_ssm_final_dst`` are applied after the call (:func:`copy_states`).
         gamma, out, check_indices: as in :func:`vllm_forward`.
+        mamba_chunk_size: the chunk size C with which SGLang numbered ``track_ssm_h_src``
+            (``MambaAttnBackendBase.mamba_chunk_size`` in ``hybrid_linear_attn_backend.py``: the model
+            config's ``mamba_chunk_size``, 64 when it has none).  Needed, a positive multiple of 64, when
+            ``track_ssm_h_dst`` is non-empty; else not read.
 
     Returns:
         ``(T, heads, d)``, padding rows zero.
     """
-    h_dst = _field(metadata, "track_ssm_h_dst", required=False)
-    if h_dst is not None and h_dst.numel() > 0:
-        raise _no_prefix_tracking("SGLang", "track_ssm_h_src / track_ssm_h_dst")
     npf, npt = _count(metadata, "num_prefills"), _count(metadata, "num_prefill_tokens")
+    track = _sglang_tracked(metadata, npf, mamba_chunk_size)
     T = b.shape[0]
     if T < npt:
         raise ValueError(f"b must have at least num_prefill_tokens = {npt} rows, got {T}")
@@ -415,9 +448,17 @@ def sglang_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check
         _check_rows("query_start_loc", qsl, npf + 1, "num_prefills + 1 offsets")
         initial = _field(metadata, "has_initial_states")
         _check_rows("has_initial_states", initial, npf, "one flag per prefill")
-        part = linear_attention_varlen(b[:npt], c[:npt], v[:npt], _ids(_rows(qsl, 0, npf + 1)), gamma,
-                                       state_pool=state_pool, slot_ids=_ids(_rows(slots, 0, npf)),
-                                       has_initial_state=_ids(_rows(initial, 0, npf)), check_indices=check_indices)
+        cu, slots_p, initial_p = _ids(_rows(qsl, 0, npf + 1)), _ids(_rows(slots, 0, npf)), _ids(_rows(initial, 0, npf))
+        every = table = None
+        if track is not None:
+            every = mamba_chunk_size
+            table = _sglang_checkpoint_slots(state_pool, track, cu, slots_p, initial_p, npf, npt, every,
+                                             check_indices)
+            if table.shape[1] == 0:
+                every = table = None
+        part = linear_attention_varlen(b[:npt], c[:npt], v[:npt], cu, gamma, state_pool=state_pool, slot_ids=slots_p,
+                                       has_initial_state=initial_p, check_indices=check_indices,
+                                       checkpoint_every=every, checkpoint_slots=table)
         o[:npt].copy_(part)
     if decode_rows:
         part = _decode_part(b[npt:], c[npt:], v[npt:], state_pool, gamma, _rows(slots, npf, npf + decode_rows),
@@ -428,6 +469,83 @@ def sglang_forward(b, c, v, state_pool, metadata, gamma=None, *, out=None, check
     if src is not None and dst is not None and dst.numel() > 0:
         copy_states(state_pool, src, dst)
     return o
+
+
+def _sglang_tracked(metadata, npf: int, chunk):
+    """SGLang's mid-sequence prefix-cache fields, checked on the host before any work: ``(h_src, h_dst)``, or
+    None when ``track_ssm_h_dst`` is absent or empty.
+
+    The contract (``hybrid_linear_attn_backend.py`` ``MambaAttnBackendBase._init_track_ssm_indices``, the
+    branch for backends other than Mamba2, which the Lightning backend takes): a tracked extend row whose
+    ``lens = mamba_track_seqlens − extend_prefix_lens`` is not a multiple of C wants the state after its
+    first ``(lens // C)·C`` tokens **of this extend** (counted from the extend's first token, whatever its
+    prefix length) in slot ``track_ssm_h_dst[e]``; ``track_ssm_h_src[e]`` numbers that state in the chunk
+    kernels' per-chunk states of the flattened extends: ``Σ_{p < i} ceil(len_p / C) + lens // C`` for row
+    i, each extend holding ``ceil(len / C)`` states, state j being the state after j·C of its tokens (state 0
+    the extend's initial state).  One entry per tracked row.  A tracked row whose ``lens`` is a multiple of
+    C has its final state copied instead (``track_ssm_final_src`` / ``_dst``).  The Lightning backend
+    (``lightning_backend.py`` ``_prepare_seg_la_track_store``) tracks prefill rows only and raises when
+    ``track_ssm_h_dst`` has entries for other rows."""
+    h_dst = _field(metadata, "track_ssm_h_dst", required=False)
+    if h_dst is None or h_dst.numel() == 0:
+        return None
+    h_src = _field(metadata, "track_ssm_h_src")
+    for name, x in (("track_ssm_h_src", h_src), ("track_ssm_h_dst", h_dst)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"metadata.{name} must be a 1-D int32/int64 tensor, got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
+    if h_src.shape != h_dst.shape:
+        raise ValueError(f"metadata.track_ssm_h_src and track_ssm_h_dst must have one length (one state per "
+                         f"tracked row), got {h_src.shape[0]} and {h_dst.shape[0]}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int):
+        raise TypeError(f"mamba_chunk_size must be an int (SGLang's chunk size C numbering track_ssm_h_src) when "
+                        f"metadata.track_ssm_h_dst has {h_dst.shape[0]} entries, got {chunk!r}")
+    if chunk <= 0 or chunk % CHECKPOINT_ALIGN:
+        raise ValueError(f"mamba_chunk_size must be a positive multiple of {CHECKPOINT_ALIGN} to track states with "
+                         f"track_ssm_h_dst (the prefill checkpoints every multiple of {CHECKPOINT_ALIGN} tokens, "
+                         f"docs/design.md §13.9), got {chunk}: the state after j·{chunk} tokens falls inside the "
+                         f"walk's chunks")
+    if npf == 0:
+        raise ValueError(f"metadata.track_ssm_h_dst has {h_dst.shape[0]} entries but num_prefills is 0: "
+                         f"mid-sequence states are tracked in prefills only")
+    return h_src, h_dst
+
+
+def _sglang_checkpoint_slots(pool, track, cu, slots, initial, npf: int, npt: int, chunk: int, check: bool):
+    """SGLang's ``track_ssm_h_src`` / ``_dst`` as the prefill's ``checkpoint_slots`` ``(npf, M)`` for
+    ``checkpoint_every = C``, built on the device (no sync, no loop over rows), M = (npt − 1) // C, the
+    most states past the first that any extend can hold.
+
+    Entry e names prefill ``i`` and state ``j`` (:func:`_sglang_tracked`): i is found from the prefills'
+    state counts ``ceil(len / C)`` (offsets ``cu``), j is the rest.  State j ≥ 1 is the prefill's checkpoint
+    j − 1 (after j·C of its rows): ``table[i, j − 1] = h_dst[e]``.  State 0 is the extend's initial state (its
+    slot's state when it has one, else zero), written to ``h_dst[e]`` here, before the call overwrites the
+    slot.  An entry naming no prefill's state writes nothing (``check`` refuses it: one sync)."""
+    h_src, h_dst = track
+    dev = cu.device
+    lens = (cu[1:] - cu[:-1]).long()
+    counts = (lens + chunk - 1) // chunk
+    ends = torch.cumsum(counts, 0)
+    src = h_src.to(dev).long()
+    seq = torch.searchsorted(ends, src, right=True)
+    named = (src >= 0) & (seq < npf)
+    seq = seq.clamp(max=npf - 1)
+    j = src - (ends - counts).gather(0, seq)
+    if check and not bool(named.all()):
+        raise ValueError(f"metadata.track_ssm_h_src must name states of the {npf} prefills (flat index below "
+                         f"Σ ceil(len / {chunk}) over them), got an entry outside")
+    dst = h_dst.to(dev).long()
+    # state 0: the extend's initial state, copied before the call
+    start = slots.long().gather(0, seq)
+    keep = ((initial != 0).gather(0, seq) & (start >= 0)).view(-1, *([1] * (pool.dim() - 1)))
+    first = torch.where(keep, pool.index_select(0, start.clamp(min=0)), torch.zeros((), dtype=pool.dtype, device=dev))
+    _scatter_states(pool, torch.where(named & (j == 0), dst, -1), first)
+    # states j >= 1: checkpoint j - 1; the flat table's spare last entry takes the other entries' writes
+    M = max(0, (npt - 1) // chunk)
+    flat = torch.full((npf * M + 1,), -1, dtype=torch.long, device=dev)
+    at = torch.where(named & (j >= 1), seq * M + j - 1, npf * M)
+    flat.index_put_((at,), dst)
+    return flat[:npf * M].view(npf, M)
 
 
 def sglang_target_verify(b, c, v, state_pool, metadata, gamma=None, *, draft_token_num: int,

@@ -8,6 +8,7 @@ the PyTorch reference path.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -17,6 +18,7 @@ import torch
 import leettriton
 import leettriton.serving as serving
 from conftest import DEVICE
+from helpers import assert_close, tolerance
 
 GAMMA = 0.95
 SLOTS = 12
@@ -51,7 +53,7 @@ class VllmGDNSpecMetadata:
 
 @dataclass
 class VllmMambaPrefixMetadata(VllmLinearAttentionMetadata):
-    """With vLLM's prefix-caching fields (mamba metadata's block_idx_*)."""
+    """With the prefix-caching fields of vllm/v1/attention/backends/mamba_attn.py (mamba_cache_mode "all")."""
     block_idx_last_scheduled_token: Optional[torch.Tensor] = None
     block_idx_first_scheduled_token_p: Optional[torch.Tensor] = None
 
@@ -223,10 +225,14 @@ def test_vllm_prefix_caching_is_refused():
     H, r, d = 2, 16, 16
     b, c, v = tokens(4, H, r, d, seed=9)
     meta = VllmMambaPrefixMetadata(1, 4, 0, 0, ids([0, 4]), ids([4]), ids([1]),
-                                   block_idx_last_scheduled_token=ids([0]))
+                                   block_idx_last_scheduled_token=ids([0]), block_idx_first_scheduled_token_p=ids([0]))
     pool = pool_of(H, r, d, seed=10)
     before = pool.clone()
-    with pytest.raises(NotImplementedError, match="mid-sequence checkpoints"):
+    with pytest.raises(NotImplementedError, match=r"mamba_cache_mode 'all'.*block_idx_first_scheduled_token_p is "
+                                                  r"set: a \(1,\) tensor.*num_computed_tokens_p"):
+        serving.vllm_forward(b, c, v, pool, meta, GAMMA)
+    meta.block_idx_first_scheduled_token_p = None
+    with pytest.raises(NotImplementedError, match=r"block_idx_last_scheduled_token is set.*mamba_cache_mode 'align'"):
         serving.vllm_forward(b, c, v, pool, meta, GAMMA)
     assert torch.equal(pool, before)
 
@@ -308,17 +314,80 @@ def test_sglang_target_verify_then_commit(dims):
     assert torch.equal(pool[[0, 1, 3] + list(range(5, SLOTS))], before[[0, 1, 3] + list(range(5, SLOTS))])
 
 
-def test_sglang_mid_sequence_tracking_is_refused():
-    H, r, d = 2, 16, 16
-    b, c, v = tokens(4, H, r, d, seed=17)
-    meta = SglangBailingLinearMetadata(query_start_loc=ids([0, 4]), mamba_cache_indices=ids([1]), num_prefills=1,
-                                       num_prefill_tokens=4, num_decodes=0, batch_size=1,
-                                       has_initial_states=torch.zeros(1, dtype=torch.bool, device=DEVICE),
-                                       q_lengths=ids([4]), track_ssm_h_src=ids([1]), track_ssm_h_dst=ids([5]))
+def test_sglang_tracked_states_are_checkpoints(dims):
+    """track_ssm_h_src / _dst (hybrid_linear_attn_backend.py _init_track_ssm_indices): entry e wants its row's
+    state after (h_src[e] − the row's first state index)·C tokens of this extend in slot h_dst[e]."""
+    H, r, d = dims
+    C = 64
+    lens, slots, initial = [150, 70, 100], [3, 8, 5], [True, True, False]
+    # per-extend state counts ceil(len / C): 3, 2, 2 -> first state indices 0, 3, 5
+    h_src, h_dst = ids([6, 2, 3]), ids([9, 10, 11])  # row 2 state 1, row 0 state 2, row 1 state 0 (its start)
+    T = sum(lens) + 1
+    b, c, v = tokens(T, H, r, d, seed=17)
+    qsl = ids([0, 150, 220, 320])
+    meta = SglangBailingLinearMetadata(query_start_loc=qsl, mamba_cache_indices=ids(slots + [1]), num_prefills=3,
+                                       num_prefill_tokens=320, num_decodes=1, batch_size=4,
+                                       has_initial_states=torch.tensor(initial + [True], device=DEVICE),
+                                       q_lengths=qsl.diff(), track_ssm_h_src=h_src, track_ssm_h_dst=h_dst)
     pool = pool_of(H, r, d, seed=18)
     before = pool.clone()
-    with pytest.raises(NotImplementedError, match="track_ssm_h_src / track_ssm_h_dst.*mid-sequence checkpoints"):
-        serving.sglang_forward(b, c, v, pool, meta, GAMMA)
+
+    out = serving.sglang_forward(b, c, v, pool, meta, GAMMA, mamba_chunk_size=C)
+
+    # the library's own calls, bit for bit: the start state copied, then one prefill with checkpoints every C
+    ref_pool = before.clone()
+    ref_pool[11] = before[8]
+    table = torch.full((3, 319 // C), -1, dtype=torch.int64, device=DEVICE)
+    table[0, 1], table[2, 0] = 10, 9
+    expect = torch.empty_like(out)
+    expect[:320] = leettriton.linear_attention_varlen(
+        b[:320], c[:320], v[:320], qsl, GAMMA, state_pool=ref_pool, slot_ids=ids(slots),
+        has_initial_state=torch.tensor(initial, device=DEVICE), checkpoint_every=C, checkpoint_slots=table)
+    expect[320:] = alone_decode(b[320:], c[320:], v[320:], ref_pool, 1)
+    assert torch.equal(out, expect)
+    assert torch.equal(pool, ref_pool)
+    # and what SGLang asks for: each tracked state is that of the row's first j·C tokens run alone
+    tol = tolerance(torch.float32)
+    for slot, start, n, from_slot, init in [(10, 0, 2 * C, 3, True), (9, 220, C, 5, False)]:
+        alone = before.clone()
+        rows = slice(start, start + n)
+        alone_prefill(b[rows], c[rows], v[rows], alone, from_slot, init)
+        assert_close(pool[slot], alone[from_slot], tol, f"tracked state in slot {slot}")
+    assert torch.equal(pool[11], before[8])  # state 0: the extend's initial state
+    untouched = [0, 2, 4, 6, 7]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(chunk=None), TypeError, "mamba_chunk_size must be an int"),
+    (dict(chunk=96), ValueError, "mamba_chunk_size must be a positive multiple of 64.*got 96"),
+    (dict(chunk=0), ValueError, "mamba_chunk_size must be a positive multiple of 64.*got 0"),
+    (dict(src=[1, 2]), ValueError, "track_ssm_h_src and track_ssm_h_dst must have one length"),
+    (dict(src=None), ValueError, "track_ssm_h_src must be a 1-D int32/int64 tensor"),
+    (dict(prefills=0), ValueError, "track_ssm_h_dst has 1 entries but num_prefills is 0"),
+    (dict(src=[1], check=True), ValueError, "track_ssm_h_src must name states of the 1 prefills"),
+])
+def test_sglang_tracking_refusals(change, error, match):
+    """Refused before any work: the pool is untouched."""
+    H, r, d = 2, 16, 16
+    b, c, v = tokens(4, H, r, d, seed=23)
+    if change.get("prefills", 1):
+        meta = SglangBailingLinearMetadata(query_start_loc=ids([0, 4]), mamba_cache_indices=ids([1]), num_prefills=1,
+                                           num_prefill_tokens=4, num_decodes=0, batch_size=1,
+                                           has_initial_states=torch.ones(1, dtype=torch.bool, device=DEVICE),
+                                           q_lengths=ids([4]))
+    else:  # four decodes
+        meta = SglangBailingLinearMetadata(query_start_loc=ids([0, 1, 2, 3, 4]), mamba_cache_indices=ids([1, 2, 3, 4]),
+                                           num_prefills=0, num_prefill_tokens=0, num_decodes=4, batch_size=4,
+                                           has_initial_states=torch.ones(4, dtype=torch.bool, device=DEVICE),
+                                           q_lengths=ids([1, 1, 1, 1]))
+    meta.track_ssm_h_dst = ids([5])
+    meta.track_ssm_h_src = None if change.get("src", 0) is None else ids(change.get("src", [0]))
+    pool = pool_of(H, r, d, seed=24)
+    before = pool.clone()
+    with pytest.raises(error, match=match):
+        serving.sglang_forward(b, c, v, pool, meta, GAMMA, mamba_chunk_size=change.get("chunk", 64),
+                               check_indices=change.get("check", False))
     assert torch.equal(pool, before)
 
 
@@ -340,17 +409,25 @@ def test_adapters_read_no_tensor_value_on_the_host(monkeypatch):
                                      has_initial_states=torch.tensor([True, True, True], device=DEVICE),
                                      q_lengths=ids([7]), track_ssm_final_src=ids([2]), track_ssm_final_dst=ids([10]))
     pool = pool_of(H, r, d, seed=20)
-    runs = ((meta, serving.vllm_forward), (spec, serving.vllm_spec_decode), (sg, serving.sglang_forward))
+    tracked = SglangBailingLinearMetadata(query_start_loc=ids([0, 70, 75]), mamba_cache_indices=ids([2, 4]),
+                                          num_prefills=2, num_prefill_tokens=75, num_decodes=0, batch_size=2,
+                                          has_initial_states=torch.tensor([True, True], device=DEVICE),
+                                          q_lengths=ids([70, 5]), track_ssm_h_src=ids([1, 2]),
+                                          track_ssm_h_dst=ids([11, 10]))  # a checkpoint, and a start state
+    long = tokens(75, H, r, d, seed=25)
+    chunk = functools.partial(serving.sglang_forward, mamba_chunk_size=64)
+    runs = ((meta, serving.vllm_forward, (b, c, v)), (spec, serving.vllm_spec_decode, (b, c, v)),
+            (sg, serving.sglang_forward, (b, c, v)), (tracked, chunk, long))
 
     def host_read(*args, **kwargs):
         raise AssertionError("a tensor value was read on the host")
 
     for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, host_read)
-    for meta_, run in runs:
-        run(b, c, v, pool, meta_, GAMMA)
+    for meta_, run, inputs in runs:
+        run(*inputs, pool, meta_, GAMMA)
         with pytest.raises(AssertionError, match="on the host"):  # the value checks do read: the guard works
-            run(b, c, v, pool, meta_, GAMMA, check_indices=True)
+            run(*inputs, pool, meta_, GAMMA, check_indices=True)
 
 
 def test_bad_arguments_are_named():

@@ -11,7 +11,7 @@ Layer 0 of MiniMax-Text-01's 80 is timed (the fastest decays, γ from exp(−2^(
 The batch, in vLLM's order (decodes first): 192 decodes (one token each, from their slots) then 64 prefills
 whose lengths are drawn log-uniformly from 16 to 16 384 tokens (``bench_serving.request_lengths``, seed 0),
 new requests (from zero).  bfloat16 (``--dtypes bfloat16,float16`` adds float16); the states float32 in a pool
-of 2 × 256 slots, the requests' slots a random choice.  Timed:
+of twice as many slots as the batch's sequences (padding included), the requests' slots a random choice.  Timed:
 
 * ``ours, one call``: the whole batch as one ``linear_attention_varlen(..., has_initial_state=, out=,
   check_indices=False)`` call on fixed-size buffers (the decodes one-token sequences with

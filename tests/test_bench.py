@@ -1133,3 +1133,45 @@ def test_ab_compare_keys_cells_by_their_layer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| prefill | float16 | 32 × 128 × 128 | 1 × 8192 | block_based | 0.2000 | 0.1000 | 0.500 |" in out
     assert "| prefill | float16 | 8 × 256 × 512 | 1 × 8192 | block_based | 0.4000 | 0.3000 | 0.750 |" in out
+
+
+def test_bench_mixed_quick_on_cpu(tmp_path, monkeypatch):
+    """perf/bench_mixed.py's logic on tiny shapes (each call run once, not timed): MiniMax's decays as vLLM and
+    SGLang compute them, every way of running the mixed batch agreeing with the one call and float64, its JSON."""
+    from leettriton.nn import transnormer_gammas
+
+    mod = _script("bench_mixed")
+    gammas = mod.minimax_gammas(64)
+    assert gammas == pytest.approx(transnormer_gammas(64, 0, 80), rel=1e-12)
+    assert gammas[0] == pytest.approx(math.exp(-(2 ** -0.125) * (1 + 1e-5))) and 0.99 < gammas[-1] < 1
+    with pytest.raises(ValueError, match="heads must be a power of two"):
+        mod.minimax_gammas(48)
+
+    def fla_chunk(q, k, v, *, g_gamma, scale, cu_seqlens, initial_state, output_final_state):
+        """fla's varlen call on [1, T, H, K] inputs, one sequence at a time through our PyTorch twin."""
+        assert scale == 1.0 and output_final_state and q.shape[0] == 1
+        bounds, outs, states = cu_seqlens.tolist(), [], []
+        for i in range(len(bounds) - 1):
+            one = [x[:, bounds[i]:bounds[i + 1]] for x in (q, k, v)]
+            o, s = leettriton.linear_attention(*one, g_gamma.exp(), method="vanilla_torch", layout="bnhd",
+                                               initial_state=initial_state[i:i + 1], return_state=True)
+            outs.append(o)
+            states.append(s)
+        return torch.cat(outs, dim=1), torch.cat(states)
+
+    def fla_recurrent(q, k, v, *, g_gamma, scale, initial_state, output_final_state):
+        return leettriton.linear_attention(q, k, v, g_gamma.exp(), method="vanilla_torch", layout="bnhd",
+                                           initial_state=initial_state, return_state=True)
+
+    monkeypatch.setattr(mod, "_fla", lambda device: (fla_chunk, fla_recurrent))   # its gathers and scatters
+    monkeypatch.setattr(mod.bench, "time_ms", lambda fn, **kwargs: (fn(), (1.0, 1.0, 1.0))[1])
+    monkeypatch.setattr(mod.bench, "copy_bandwidth", lambda *args, **kwargs: 1e9)
+    rep = mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "5"])
+    data = json.loads((tmp_path / "cpu" / "bench_mixed.quick.json").read_text())
+    assert data["meta"]["command"].startswith("python perf/bench_mixed.py --quick")
+    rows = {r["method"]: r for r in data["rows"]}
+    assert set(rows) == {"ours, one call", "ours, two calls", "vLLM-style loop", "fla cu_seqlens", "rect same tokens"}
+    assert rows["ours, one call"]["rel_err"] < 1e-5
+    assert max(rows[m]["rel_diff_one_call"] for m in ("ours, two calls", "vLLM-style loop", "fla cu_seqlens")) < 1e-5
+    assert [t[3] for t in rep.targets] == ["n/a"] * 5 + ["PASS"]   # timings judged on a GPU only
+    assert "#### Targets" in _script("render").render_file(str(tmp_path / "cpu" / "bench_mixed.quick.json"))

@@ -92,6 +92,24 @@ def _vanilla_token_tile(p_b, p_c, p_v, p_a, a_stride, b_g, b_gl, s0_ptr, s0_stri
     return acc
 
 
+@triton.jit
+def _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t,
+                 o_i, o_v, lam, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                 PER_TOKEN_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr):
+    """The float32 output tile of rows ``o_i``, value columns ``o_v``: :func:`_vanilla_token_tile` with a per-token
+    decay (docs/design.md §1.6; its prefix sums from this head's decays), else :func:`_vanilla_tile`."""
+    if PER_TOKEN_DECAY:
+        p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
+        b_g, b_gl = prefix_sums(log2_decays(p_a, a_strides[2], o_i, N))
+        return _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides,
+                                   c_strides, v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL, DOT_PRECISION,
+                                   CAUSAL, BT, BK, BV)
+    else:
+        return _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i,
+                             o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, CAUSAL, BT, BK, BV)
+
+
 @autotune(spaces.FWD, key=_KEY)
 @triton.jit(do_not_specialize=["N"])
 def _vanilla_fwd_kernel(
@@ -112,15 +130,9 @@ def _vanilla_fwd_kernel(
 
     o_i = i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
-    if PER_TOKEN_DECAY:  # the per-token decay a_t of this batch element and head (docs/design.md §1.6)
-        p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
-        b_g, b_gl = prefix_sums(log2_decays(p_a, a_strides[2], o_i, N))
-        acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides,
-                                  v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL, DOT_PRECISION, False,
-                                  BT, BK, BV)
-    else:
-        acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i,
-                            o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, False, BT, BK, BV)
+    acc = _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h,
+                       i_t, o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY, DOT_PRECISION, False,
+                       BT, BK, BV)
     # a non-finite entry: the tile again in the causal form, so that a non-finite value reaches later rows only
     # (docs/nonfinite.md); one check per tile on other inputs.  The causal form is a function of its own, called
     # rather than inlined: inlined, its reads of the products' accumulators made ptxas serialise every product
@@ -142,15 +154,9 @@ def _vanilla_causal_tile(p_b, p_c, p_v, p_o, a_ptr, a_strides, s0_ptr, s0_stride
     scalars and pointers in, nothing out (Triton passes no tensor across a call)."""
     o_i = i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
-    if PER_TOKEN_DECAY:
-        p_a = head_ptr(a_ptr, a_strides, i_b, i_h)
-        b_g, b_gl = prefix_sums(log2_decays(p_a, a_strides[2], o_i, N))
-        acc = _vanilla_token_tile(p_b, p_c, p_v, p_a, a_strides[2], b_g, b_gl, s0_ptr, s0_strides, b_strides, c_strides,
-                                  v_strides, i_b, i_h, i_t, o_i, o_v, N, R, D, HAS_INITIAL, DOT_PRECISION, True,
-                                  BT, BK, BV)
-    else:
-        acc = _vanilla_tile(p_b, p_c, p_v, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h, i_t, o_i,
-                            o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, DOT_PRECISION, True, BT, BK, BV)
+    acc = _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h,
+                       i_t, o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY, DOT_PRECISION, True,
+                       BT, BK, BV)
     store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 

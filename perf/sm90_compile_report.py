@@ -23,23 +23,12 @@ import sys
 import tempfile
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                   help="folder holding the leettriton package to compile (default: this checkout)")
-    p.add_argument("--method", default="lightning_attention")
-    p.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
-    p.add_argument("--decay", action="store_true", help="a constant γ per head (default: none)")
-    p.add_argument("--shape", default="1,32,8192,128,128", help="B,H,n,r,d (default 1,32,8192,128,128)")
-    p.add_argument("--config", default='{"BT": 64, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}',
-                   help="the kernel's config (JSON), pinned")
-    p.add_argument("--schedule", default="{}", help="the plan's schedule (JSON), for methods that read one")
-    args = p.parse_args()
-
+def stand_in_sm90() -> list:
+    """Replace Triton's active driver by a stand-in that names an sm_90 target, and make every kernel call
+    compile without launching (Triton's ``warmup``).  Returns the list each compiled kernel is appended to,
+    as ``(name, kernel)``; a kernel that fails to compile raises from the call, as on the GPU."""
     os.environ.pop("TRITON_INTERPRET", None)
-    sys.path.insert(0, os.path.abspath(args.tree))
     import torch
-    import triton
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
@@ -62,15 +51,46 @@ def main() -> int:
             return True
 
     driver.set_active(Sm90())
-    compiled = []
+    compiled, failed = [], []
     run = JITFunction.run
 
     def compile_only(self, *a, grid, warmup, **k):
-        kernel = run(self, *a, grid=grid, warmup=True, **k)
+        try:
+            kernel = run(self, *a, grid=grid, warmup=True, **k)
+        except Exception as exc:
+            failed.append((self._fn_name, exc))
+            raise
         compiled.append((self._fn_name, kernel))
         return kernel
 
     JITFunction.run = compile_only
+    return compiled, failed
+
+
+def pin_family(family) -> None:
+    """Every leettriton module's ``current_family`` answers ``family`` (its config checks pass on the CPU)."""
+    for m in list(sys.modules.values()):   # every module's own reference to current_family
+        if getattr(m, "__name__", "").startswith("leettriton") and hasattr(m, "current_family"):
+            m.current_family = lambda device=None: family
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                   help="folder holding the leettriton package to compile (default: this checkout)")
+    p.add_argument("--method", default="lightning_attention")
+    p.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--decay", action="store_true", help="a constant γ per head (default: none)")
+    p.add_argument("--shape", default="1,32,8192,128,128", help="B,H,n,r,d (default 1,32,8192,128,128)")
+    p.add_argument("--config", default='{"BT": 64, "BK": 64, "BV": 64, "num_warps": 4, "num_stages": 3}',
+                   help="the kernel's config (JSON), pinned")
+    p.add_argument("--schedule", default="{}", help="the plan's schedule (JSON), for methods that read one")
+    args = p.parse_args()
+
+    sys.path.insert(0, os.path.abspath(args.tree))
+    compiled, _ = stand_in_sm90()
+    import torch
+    import triton
 
     import leettriton
     import leettriton.autotune.families as families
@@ -79,10 +99,7 @@ def main() -> int:
     if not os.path.abspath(leettriton.__file__).startswith(os.path.abspath(args.tree)):
         raise SystemExit(f"imported {leettriton.__file__}, not the tree {args.tree}")
     module = __import__(f"leettriton.methods.{args.method}.kernels", fromlist=["_"])
-    h100 = families.FAMILIES["h100"]
-    for m in list(sys.modules.values()):   # every module's own reference to current_family
-        if getattr(m, "__name__", "").startswith("leettriton") and hasattr(m, "current_family"):
-            m.current_family = lambda device=None: h100
+    pin_family(families.FAMILIES["h100"])
 
     B, H, n, r, d = (int(x) for x in args.shape.split(","))
     dtype = getattr(torch, args.dtype)

@@ -76,12 +76,15 @@ def main(argv=None) -> int:
                         continue
                     problem, _ = make_problem(b, c, v, g, log_decay=a)
                     plan = Plan(name, method.launch, configs, method.schedule(problem, families.FAMILIES[fam], configs))
-                    before = len(failed)
+                    before, done = len(failed), len(compiled)
                     calls += 1
                     try:
                         method.launch(problem, plan)
-                    except Exception:   # after the compile the stand-in launches nothing: a launcher stops there
-                        pass
+                    except Exception as exc:
+                        # after a compile the stand-in launches nothing, and a launcher stops there; one that
+                        # stops before any kernel call is a failure of its own
+                        if len(compiled) == done and len(failed) == before:
+                            failed.append(("(the launcher, before any kernel)", exc))
                     for kernel, exc in failed[before:]:
                         what = (f"{fam} {pt['dtype']} decay={form} bh={H} n={n} r={r} d={d} {name} {kernel} "
                                 f"{json.dumps(configs, sort_keys=True)}")

@@ -23,10 +23,10 @@ import sys
 import tempfile
 
 
-def stand_in_sm90() -> list:
+def stand_in_sm90() -> tuple[list, list]:
     """Replace Triton's active driver by a stand-in that names an sm_90 target, and make every kernel call
-    compile without launching (Triton's ``warmup``).  Returns the list each compiled kernel is appended to,
-    as ``(name, kernel)``; a kernel that fails to compile raises from the call, as on the GPU."""
+    compile without launching (Triton's ``warmup``).  Returns two lists: each kernel call that compiled (or
+    found its kernel compiled) is appended to the first, as ``(name, kernel)``; a kernel that fails to compile raises from the call, as on the GPU."""
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
     from triton.backends.compiler import GPUTarget

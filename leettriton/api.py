@@ -539,8 +539,8 @@ def _decode_per_token(b, c, v, state, gamma, log_decay, slot_ids, keep_states: b
             b3, c3, v3, ld = b.unsqueeze(2), c.unsqueeze(2), v.unsqueeze(2), log_decay.unsqueeze(-1)
         else:
             b3, c3, v3, ld = b, c, v, log_decay
-        if launch((b3, c3, v3, out, out, state, state if slot_ids is None else slot_ids,
-                   state if kept is None else kept, ld)):
+        if launch is not None and launch((b3, c3, v3, out, out, state, state if slot_ids is None else slot_ids,
+                                          state if kept is None else kept, ld)):
             return (out.squeeze(2) if one_token else out), kept
     _check_decode_tokens(b, c, v, state, slot_ids, check_slots, one_token)
     check_autograd(where, b, c, v, state, log_decay)

@@ -459,3 +459,26 @@ def test_per_token_decode_repeats_only_what_the_signature_fixes(one_token):
                                    slot_ids=torch.tensor([1, 2], device=DEVICE))
         else:
             leettriton.decode_tokens(b, c, v, pool, log_decay=inside, slot_ids=torch.tensor([1, 2], device=DEVICE))
+
+
+@pytest.mark.parametrize("one_token", [True, False], ids=["decode_step", "decode_tokens"])
+def test_per_token_decode_without_a_repeatable_launch(one_token, monkeypatch):
+    """A per-token step whose first launch gave nothing to repeat (None: a launch the compiled path cannot key,
+    as on CUDA before a config is chosen) runs the whole path again on its next call, each result the oracle's."""
+    api._TOKEN_STEPS.clear()
+    real = api.decode_tokens_impl
+    monkeypatch.setattr(api, "decode_tokens_impl", lambda *a, **k: (real(*a, **k), None)[1])
+    K = 1 if one_token else 2
+    state = rand(B, H, R, D, seed=3)
+    for seed in (20, 30):
+        b, c, v = rand(B, H, K, R, seed=seed), rand(B, H, K, R, seed=seed + 1), rand(B, H, K, D, seed=seed + 2)
+        a = -torch.rand(B, H, K, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+        expect_o, expect_s = _per_token_oracle(b, c, v, state.clone(), a)
+        if one_token:
+            o, _ = leettriton.decode_step(b[:, :, 0], c[:, :, 0], v[:, :, 0], state, log_decay=a[:, :, 0])
+            o = o.unsqueeze(2)
+        else:
+            o, _ = leettriton.decode_tokens(b, c, v, state, log_decay=a)
+        assert_close(o, expect_o, 1e-5, f"seed {seed}: output")
+        assert_close(state, expect_s, 1e-5, f"seed {seed}: state")
+    assert len(api._TOKEN_STEPS) == 1   # the second call found the signature, and its None launch

@@ -126,9 +126,9 @@ def test_autotuning_decode_step_leaves_state_intact(tuning_for_real):
     assert_close(state, ref_state, tolerance(torch.float16), "decode_step state after autotuning")
 
 
-def test_float16_walk_flags_cover_every_walk_config():
-    """float16's checked walk writes one flag per program into a buffer sized for value tiles of MIN_BV
-    columns (docs/design.md §2.3): no walk config of any family may have narrower tiles (more programs)."""
+def test_walk_flags_cover_every_walk_config():
+    """Every walk writes one flag per program into a buffer sized for value tiles of MIN_BV columns
+    (docs/numerics.md): no walk config of any family may have narrower tiles (more programs)."""
     from leettriton.autotune.families import FAMILIES
     from leettriton.methods.block_based import space as block_based
     from leettriton.kernels import walk as kernels, walk_space
@@ -140,6 +140,6 @@ def test_float16_walk_flags_cover_every_walk_config():
     p, _ = make_problem(*(torch.zeros(2, 3, 40, 100, dtype=torch.float16) for _ in range(2)),
                         torch.zeros(2, 3, 40, 50, dtype=torch.float16))
     assert kernels.walk_flags(p, 5).numel() == -(-50 // kernels.MIN_BV) * 5 * 2 * 3
-    for dtype, r in ((torch.bfloat16, 100), (torch.float16, 64)):  # unchecked: another dtype, or r too narrow
+    for dtype, r in ((torch.bfloat16, 100), (torch.float16, 64), (torch.float32, 16)):  # every dtype and r
         p, _ = make_problem(*(torch.zeros(1, 1, 4, r, dtype=dtype) for _ in range(3)))
-        assert kernels.walk_flags(p, 1) is None
+        assert kernels.walk_flags(p, 1).numel() == -(-r // kernels.MIN_BV)

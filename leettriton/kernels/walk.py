@@ -103,15 +103,16 @@ PER_TOKEN_DECAY  decays by the per-token a (``a_ptr``): each           a log_dec
 CHECKPOINT       VARLEN: each sequence's state after every CK_EVERY    checkpoint slots given (VARLEN with SLOTS;
                  of its rows to its slot in the (N, NCK) table at      docs/design.md §13.9); allowed with every
                  ``ck_ptr`` (negative: none)                           other mode of VARLEN
-PDL              float16's redo is a programmatic dependent launch     a checked float16 walk on compute
-                                                                       capability 9 or more
-REDO             float16's second launch: walks again, scaled, the     :func:`redo_args` (the checked walk's
-                 programs whose state copy failed its check            second launch only)
+PDL              the redo is a programmatic dependent launch           a CUDA device of compute capability 9 or
+                                                                       more (:func:`redo_by_pdl`)
+REDO             the second launch: walks again the programs the       :func:`redo_args` (every walk's second
+                 first flagged (:func:`walk_flags`): float16's         launch)
+                 scaled form (1), the causal form (2)
 ===============  ====================================================  =============================================
 
 Derived in the kernel from these and the dtypes: ``NK``; ``MODE`` of :func:`_walk_chunks` (0: the state
 operand rounded as it is, bfloat16 and float32; 1: float16 checked, RP ≥ CHECKED_MIN_R; 2: float16 scaled,
-narrower r or ``REDO``); ``CAUSAL`` (the second walk of a program whose final state is non-finite or whose
+narrower r or ``REDO``); ``CAUSAL`` (the redo's walk of a program whose final state is non-finite or whose
 float16 scores left float16's range, docs/nonfinite.md).
 """
 from __future__ import annotations
@@ -670,7 +671,8 @@ def _chunk_walk_fwd_kernel(
     if REDO:
         if PDL:
             tl.extra.cuda.gdc_wait()
-        if tl.load(flag_ptr + pid) == 0:
+        flag = tl.load(flag_ptr + pid)
+        if flag == 0:
             return
     MODE: tl.constexpr = 2 if REDO else ((1 if RP >= CHECKED_MIN_R else 2) if SCALED else 0)
     nv = (D + BV - 1) // BV
@@ -742,44 +744,83 @@ def _chunk_walk_fwd_kernel(
         p_ck = st_ptr  # unread
         ck_row = ck_ptr
 
-    s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
-                                 HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)
-    s0, s1, s2, s3, bad, out_of_range = _walk_chunks(
-        s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
-        stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od,
-        acc_strides[2], acc_strides[3], a_strides[2], p_ck, ck_row, st_strides[0], st_strides[2], st_strides[3], NCK,
-        CK_EVERY, NSLOTS, HAS_DECAY, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK,
-        MODE, False, BT, BK, BV)
-    # a non-finite c or v in the walked rows made the state non-finite, and may have reached earlier rows of
-    # its chunk through a zero score (0 · inf): the program walks its rows again in the causal form, its
-    # outputs written over (docs/nonfinite.md); so does one whose float16 scores left float16's range.  Other
-    # inputs pay this one check of the final state (and float16's of its score range).  The causal walk is a
-    # function of its own (not inlined), so its registers do not weigh on the fast walk's
     p_st = head_ptr(st_ptr, st_strides, i_row, i_h)
-    if _state_nonfinite(s0, s1, s2, s3, NK) | out_of_range:
-        _causal_walk(
-            p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, p_b - t_start64 *
-            stride_bn, p_c - t_start64 * stride_cn, p_v - t_start64 * stride_vn, t_start, t_end, N, R, D, lam, i_v,
-            stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, acc_strides[2],
-            acc_strides[3], a_strides[2], flag_ptr, pid, p_st, st_strides[2], st_strides[3], NS, d_final, p_ck, ck_row,
-            st_strides[0], NCK, CK_EVERY, NSLOTS, HAS_DECAY, HAS_INITIAL, PREFIX, STORE_STATE, VARLEN, DOT_PRECISION,
-            TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK, MODE, BT, BK, BV)
+    if REDO:
+        # a program the first walk flagged (docs/numerics.md, docs/nonfinite.md).  2: its walk met a non-finite
+        # value (its final state is non-finite: the value may have reached earlier rows of its chunk through a
+        # zero score, 0 · inf) or float16 scores out of float16's range: it walks its rows again in the slow,
+        # causal form.  1 (float16's check of its state copy failed): the fast form scaled, then the causal form
+        # where that meets a non-finite value or scores out of range.  The slow form lives in this second launch
+        # alone: in the first, even as a function of its own, it made ptxas allocate the fast walk's registers
+        # around a call and slowed every walk (docs/numerics.md, "Why the redo is a second launch")
+        causal = flag == 2
+        if SCALED:
+            if flag == 1:
+                s0, s1, s2, s3, bad, out_of_range = _fast_walk(
+                    p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, d_b,
+                    d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v, stride_bn, stride_bk, stride_cn,
+                    stride_ck, stride_vn, stride_vd, stride_on, stride_od, acc_strides[2], acc_strides[3],
+                    a_strides[2], p_ck, ck_row, st_strides[0], st_strides[2], st_strides[3], NCK, CK_EVERY, NSLOTS,
+                    HAS_DECAY, HAS_INITIAL, PREFIX, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY,
+                    CHECKPOINT, NK, MODE, BT, BK, BV)
+                causal = _state_nonfinite(s0, s1, s2, s3, NK) | out_of_range
+                if not causal:
+                    _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, st_strides[2], st_strides[3], i_s, NS, o_k,
+                              o_v, R, D, d_final, STORE_STATE, VARLEN, False, NK, BK)
+        if causal:
+            _causal_walk(
+                p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, p_b -
+                t_start64 * stride_bn, p_c - t_start64 * stride_cn, p_v - t_start64 * stride_vn, t_start, t_end, N,
+                R, D, lam, i_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on,
+                stride_od, acc_strides[2], acc_strides[3], a_strides[2], flag_ptr, pid, p_st, st_strides[2],
+                st_strides[3], NS, d_final, p_ck, ck_row, st_strides[0], NCK, CK_EVERY, NSLOTS, HAS_DECAY,
+                HAS_INITIAL, PREFIX, STORE_STATE, VARLEN, DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT,
+                PER_TOKEN_DECAY, CHECKPOINT, NK, MODE, BT, BK, BV)
     else:
-        _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, st_strides[2], st_strides[3], i_s, NS, o_k, o_v, R, D,
-                  d_final, STORE_STATE, VARLEN, NK, MODE, BK)
+        s0, s1, s2, s3, bad, out_of_range = _fast_walk(
+            p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v,
+            t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn,
+            stride_vd, stride_on, stride_od, acc_strides[2], acc_strides[3], a_strides[2], p_ck, ck_row,
+            st_strides[0], st_strides[2], st_strides[3], NCK, CK_EVERY, NSLOTS, HAS_DECAY, HAS_INITIAL, PREFIX,
+            DOT_PRECISION, TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK, MODE, BT, BK, BV)
+        # every program writes its flag: 2 where its final state is non-finite or its float16 scores left
+        # float16's range, else float16's check (1: a state copy out of range; bfloat16 and float32: 0)
+        flag = tl.where(_state_nonfinite(s0, s1, s2, s3, NK) | out_of_range, 2, bad)
+        _walk_end(s0, s1, s2, s3, flag, flag_ptr, pid, p_st, st_strides[2], st_strides[3], i_s, NS, o_k, o_v, R, D,
+                  d_final, STORE_STATE, VARLEN, True, NK, BK)
 
 
 @triton.jit
-def _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, stride_stk, stride_std, i_s, NS, o_k, o_v, R, D, d_final,
-              STORE_STATE: tl.constexpr, VARLEN: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
+def _fast_walk(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v,
+               t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v, stride_bn, stride_bk, stride_cn, stride_ck, stride_vn,
+               stride_vd, stride_on, stride_od, stride_an, stride_ad, stride_ldn, p_ck, ck_row, stride_cks, stride_stk,
+               stride_std, NCK, CK_EVERY, NSLOTS, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr,
+               PREFIX: tl.constexpr, DOT_PRECISION: tl.constexpr, TWO_PART: tl.constexpr, PIECE: tl.constexpr,
+               ACC: tl.constexpr, TMA: tl.constexpr, CUT: tl.constexpr, PER_TOKEN_DECAY: tl.constexpr,
+               CHECKPOINT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr):
+    """The walk's fast form over the program's rows from its start state: the state after them, float16's
+    check and whether float16's scores left its range (:func:`_walk_chunks` with ``CAUSAL`` off)."""
+    s0, s1, s2, s3 = _walk_start(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, lam, SEG, o_k, o_v, R, D, d_start,
+                                 HAS_DECAY, HAS_INITIAL, PREFIX, PER_TOKEN_DECAY, NK, BK, BV)
+    return _walk_chunks(
+        s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t_start, t_end, R, D, lam, i_v, o_t, o_k, o_v,
+        stride_bn, stride_bk, stride_cn, stride_ck, stride_vn, stride_vd, stride_on, stride_od, stride_an, stride_ad,
+        stride_ldn, p_ck, ck_row, stride_cks, stride_stk, stride_std, NCK, CK_EVERY, NSLOTS, HAS_DECAY, DOT_PRECISION,
+        TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK, MODE, False, BT, BK, BV)
+
+
+@triton.jit
+def _walk_end(s0, s1, s2, s3, flag, flag_ptr, pid, p_st, stride_stk, stride_std, i_s, NS, o_k, o_v, R, D, d_final,
+              STORE_STATE: tl.constexpr, VARLEN: tl.constexpr, FIRST: tl.constexpr, NK: tl.constexpr,
               BK: tl.constexpr):
-    """After a program's walk: float16's checked walk (MODE 1) writes its flag, and a flagged program leaves the
-    final state to the redo; otherwise the final state, from the walk of the last segment (of a packed
-    sequence: its only walk, its row and columns up to ``d_final`` given by its slot)."""
+    """After a program's walk: the first launch's (``FIRST``) writes the program's flag, and a flagged program
+    leaves its final state to the redo; otherwise the final state, from the walk of the last segment (of a
+    packed sequence: its only walk, its row and columns up to ``d_final`` given by its slot)."""
     keep = 1
-    if MODE == 1:
-        tl.store(flag_ptr + pid, bad)
-        keep = (bad == 0).to(tl.int32)
+    if FIRST:
+        tl.store(flag_ptr + pid, flag)
+        keep = (flag == 0).to(tl.int32)
     if STORE_STATE:
         if VARLEN:
             last = 1
@@ -807,11 +848,11 @@ def _causal_walk(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b,
                  PER_TOKEN_DECAY: tl.constexpr, CHECKPOINT: tl.constexpr, NK: tl.constexpr, MODE: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """The walk's slow, causal form (docs/nonfinite.md) over the program's rows again, from its start state,
-    its outputs written over, then :func:`_walk_end`.  Its own function, called (not inlined) by a program
-    whose fast walk met a non-finite value or float16 scores out of range: its registers are allocated apart
-    from the fast walk's, which would otherwise spill.  Scalars and pointers in, nothing out (Triton passes
-    no tensor across a call); ``h_b``, ``h_c``, ``h_v`` the head's rows from 0 (the tensor descriptors').
-    ``CHECKPOINT``: the checkpoints are written again, from the slow form's states."""
+    its outputs written over, then :func:`_walk_end`: the redo launch's, for a program whose first walk met a
+    non-finite value or float16 scores out of range.  Its own function, called (not inlined), so that float16's
+    redo, which also holds the scaled fast walk, allocates their registers apart.  Scalars and pointers in,
+    nothing out (Triton passes no tensor across a call); ``h_b``, ``h_c``, ``h_v`` the head's rows from 0 (the
+    tensor descriptors').  ``CHECKPOINT``: the checkpoints are written again, from the slow form's states."""
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -829,7 +870,7 @@ def _causal_walk(p_s, stride_sk, stride_sd, p_ws, p_sum, i_s, SEG, d_start, p_b,
         stride_ldn, p_ck, ck_row, stride_cks, stride_stk, stride_std, NCK, CK_EVERY, NSLOTS, HAS_DECAY, DOT_PRECISION,
         TWO_PART, PIECE, ACC, TMA, CUT, PER_TOKEN_DECAY, CHECKPOINT, NK, MODE, True, BT, BK, BV)
     _walk_end(s0, s1, s2, s3, bad, flag_ptr, pid, p_st, stride_stk, stride_std, i_s, NS, o_k, o_v, R, D, d_final,
-              STORE_STATE, VARLEN, NK, MODE, BK)
+              STORE_STATE, VARLEN, False, NK, BK)
 
 
 def chunk_walk_kernel(space: KernelSpace, compiled: bool = True, **autotune_options):
@@ -860,7 +901,7 @@ def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict
     Its key is every argument but the tensors by value (sizes, strides, segment counts, flags), the
     tensors by dtype, the config, and the batch size the grid reads besides the arguments.
 
-    ``redo`` (float16's checked walk: ``args["flag_ptr"]`` from :func:`walk_flags`): the same grid again with
+    ``redo`` (``args["flag_ptr"]`` from :func:`walk_flags`): the same grid again with
     ``REDO`` and the config the first launch ran (docs/design.md §2.3), a programmatic dependent launch where
     ``args["PDL"]`` (:func:`redo_by_pdl`); the Launch returned repeats both."""
     first = kernel.launches.launch_args(grid, config, args, batch)
@@ -874,11 +915,11 @@ def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict
 
 
 def redo_by_pdl(p, flags: Optional[torch.Tensor]) -> bool:
-    """Whether float16's redo launch (``flags`` from :func:`walk_flags`; None: no redo) is a programmatic
+    """Whether the walk's redo launch (``flags`` from :func:`walk_flags`; None: no redo) is a programmatic
     dependent launch: compiled for a CUDA device of compute capability 9 or more (sm_90's
     ``griddepcontrol``; the interpreter has none).
 
-    The checked walk then lets the redo's grid in once each of its programs has started, and each redo
+    The first walk then lets the redo's grid in once each of its programs has started, and each redo
     program waits for the whole walk, its writes visible, before it reads its flag: the redo's launch and the
     scheduling of its programs overlap the walk's last programs instead of following them, which hides most
     of the redo's cost where nothing is flagged (docs/design.md §2.3)."""
@@ -889,26 +930,22 @@ def redo_by_pdl(p, flags: Optional[torch.Tensor]) -> bool:
 
 
 def redo_args(args: dict) -> dict:
-    """The redo launch's arguments from the checked walk's: ``REDO``, and ``launch_pdl`` (Triton's launch
+    """The redo launch's arguments from the first walk's: ``REDO``, and ``launch_pdl`` (Triton's launch
     option for a programmatic dependent launch) where the walk's ``PDL``."""
     return {**args, "REDO": True, **({"launch_pdl": True} if args["PDL"] else {})}
 
 
 MIN_BV = 16
 """The narrowest value tile of any walk config: a walk has at most cdiv(d, MIN_BV) programs per segment and
-batch·head, so many float16 flags (:func:`walk_flags`)."""
+batch·head, so many flags (:func:`walk_flags`)."""
 
 
-def walk_flags(p, programs_per_row: int) -> Optional[torch.Tensor]:
-    """float16's per-program flags (int32, one per walk program, each written by the checked walk before the
-    redo reads it: no fill), for a walk of ``programs_per_row`` programs per batch·head and value tile; None
-    for other dtypes and narrower r (:data:`CHECKED_MIN_R`), whose walks the kernel does not check.  The one
-    host-side test of that rule: a launcher launches the redo exactly when this gives flags."""
-    if p.b.dtype != torch.float16:  # first: the other dtypes' calls pay this test alone
-        return None
+def walk_flags(p, programs_per_row: int) -> torch.Tensor:
+    """The walk's per-program flags (int32, one per walk program, each written by the first launch before the
+    redo reads it: no fill), for a walk of ``programs_per_row`` programs per batch·head and value tile.  Every
+    walk has them and its redo launch: 0, the program is done; 1, float16's check of its state copy failed;
+    2, it met a non-finite value or float16 scores out of range (the redo walks it in the causal form)."""
     B, H, n, r, d = p.shape
-    if pow2_at_least_16(r) < _CHECKED_MIN_R:
-        return None
     return torch.empty(max(1, cdiv(d, MIN_BV) * programs_per_row * B * H), dtype=torch.int32, device=p.v.device)
 
 
@@ -1012,7 +1049,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
     decays = token_decay_args(p)
     sums = segment_sums(ws) if prefix and p.log_decay is not None else out  # (else an unread stand-in)
     if p.repeat_launch(mark, (stand_in, stand_in, stand_in, stand_in, out if partial is None else partial,
-                              out if flags is None else flags, decays["a_ptr"], sums, stand_in)):
+                              flags, decays["a_ptr"], sums, stand_in)):
         return
     B, H, n, r, d = p.shape
     args = problem_args(p)
@@ -1024,10 +1061,10 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         ns = cdiv(n, seg_len)
     grid = lambda meta: (cdiv(d, meta["BV"]) * ns * B * H,)  # noqa: E731
     args.update(ws_ptr=ws, SEG=seg_len, NS=ns, NW=ws.shape[2] if spec.SEGMENTED else 1, SUB=sub, cu_ptr=ws,
-                slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=p.out if flags is None else flags, sum_ptr=sums,
+                slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=flags, sum_ptr=sums,
                 ck_ptr=ws, NCK=0, CK_EVERY=1,
                 **decays, **partial_args(p, args, partial), **spec.constexprs())
-    p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, flags is not None))
+    p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, True))
 
 
 TMA_MIN_R = 129
@@ -1137,13 +1174,12 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
     args.update(ws_ptr=p.out, SEG=n, NS=seqs, NW=1, SUB=1, cu_ptr=p.cu_seqlens,
                 slot_ptr=stand_in if p.slot_ids is None else p.slot_ids,
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
-                flag_ptr=p.out if flags is None else flags, sum_ptr=p.out, **token_decay_args(p),
+                flag_ptr=flags, sum_ptr=p.out, **token_decay_args(p),
                 **checkpoint_args(p),
                 **partial_args(p, args, partial), **walk_spec(p, flags, partial=partial).constexprs())
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
-    # on by value, change from call to call.  float16: the redo with the config the checked walk ran
+    # on by value, change from call to call.  Then the redo, with the config the first walk ran
     config = (config or {}).get(spaces.VARLEN.name)
     launch(_varlen_walk_kernel, grid, config, **args)
-    if flags is not None:
-        launch(_varlen_walk_kernel, grid, config if config is not None else chosen_config(_varlen_walk_kernel),
-               **redo_args(args))
+    launch(_varlen_walk_kernel, grid, config if config is not None else chosen_config(_varlen_walk_kernel),
+           **redo_args(args))

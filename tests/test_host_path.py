@@ -398,13 +398,13 @@ def test_walk_spec_gives_every_mode_of_the_walk():
 
     b, c, v = (torch.zeros(1, 2, 40, x, dtype=torch.bfloat16) for x in (24, 24, 8))
     p, _ = make_problem(b, c, v, 0.9, return_state=True)
-    whole = chunk_walk.walk_spec(p, None)
+    whole = chunk_walk.walk_spec(p)
     assert (whole.HAS_DECAY, whole.HAS_INITIAL, whole.STORE_STATE, whole.SEGMENTED, whole.PREFIX) == \
         (True, False, True, False, False)
     assert (whole.VARLEN, whole.SLOTS, whole.RP, whole.ACC, whole.REDO) == (False, False, 32, False, False)
-    from_ws = chunk_walk.walk_spec(p, None, seg_len=16)
+    from_ws = chunk_walk.walk_spec(p, seg_len=16)
     assert (from_ws.HAS_INITIAL, from_ws.STORE_STATE, from_ws.SEGMENTED, from_ws.PREFIX) == (True, False, True, False)
-    prefix = chunk_walk.walk_spec(p, None, seg_len=16, prefix=True, partial=torch.zeros(1))
+    prefix = chunk_walk.walk_spec(p, seg_len=16, prefix=True, partial=torch.zeros(1))
     assert (prefix.HAS_INITIAL, prefix.STORE_STATE, prefix.PREFIX, prefix.ACC) == (False, True, True, True)
     assert whole.constexprs()["DOT_PRECISION"] == "tf32" and len(whole.constexprs()) == len(constexprs) - 3
 

@@ -896,17 +896,15 @@ WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
 
 
-def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict, redo: bool):
-    """Launch a walk kernel through its compiled launches; returns the Launch that repeats it (or None).
-    Its key is every argument but the tensors by value (sizes, strides, segment counts, flags), the
-    tensors by dtype, the config, and the batch size the grid reads besides the arguments.
+def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict):
+    """Launch a walk kernel through its compiled launches, then its redo; returns the Launch that repeats
+    both (or None).  Its key is every argument but the tensors by value (sizes, strides, segment counts,
+    flags), the tensors by dtype, the config, and the batch size the grid reads besides the arguments.
 
-    ``redo`` (``args["flag_ptr"]`` from :func:`walk_flags`): the same grid again with
-    ``REDO`` and the config the first launch ran (docs/design.md §2.3), a programmatic dependent launch where
-    ``args["PDL"]`` (:func:`redo_by_pdl`); the Launch returned repeats both."""
+    The redo (``args["flag_ptr"]`` from :func:`walk_flags`): the same grid again with ``REDO`` and the config
+    the first launch ran (docs/numerics.md, "The redo"), a programmatic dependent launch where ``args["PDL"]``
+    (:func:`redo_by_pdl`)."""
     first = kernel.launches.launch_args(grid, config, args, batch)
-    if not redo:
-        return first
     ran = config if config is not None else chosen_config(kernel)
     again = kernel.launches.launch_args(grid, ran, redo_args(args), batch)
     if first is None or again is None:
@@ -914,17 +912,14 @@ def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict
     return lambda tensors: first(tensors) and again(tensors)
 
 
-def redo_by_pdl(p, flags: Optional[torch.Tensor]) -> bool:
-    """Whether the walk's redo launch (``flags`` from :func:`walk_flags`; None: no redo) is a programmatic
-    dependent launch: compiled for a CUDA device of compute capability 9 or more (sm_90's
+def redo_by_pdl(p) -> bool:
+    """Whether the redo launch of the walk of ``p`` is a programmatic dependent launch: compiled for a CUDA device of compute capability 9 or more (sm_90's
     ``griddepcontrol``; the interpreter has none).
 
     The first walk then lets the redo's grid in once each of its programs has started, and each redo
     program waits for the whole walk, its writes visible, before it reads its flag: the redo's launch and the
     scheduling of its programs overlap the walk's last programs instead of following them, which hides most
-    of the redo's cost where nothing is flagged (docs/design.md §2.3)."""
-    if flags is None:
-        return False
+    of the redo's cost where nothing is flagged (docs/numerics.md)."""
     capability = current_family(p.v.device).capability  # None under the interpreter (the cpu family)
     return capability is not None and capability[0] >= 9
 
@@ -984,13 +979,12 @@ class WalkSpec:
         return dict(vars(self))
 
 
-def walk_spec(p: Problem, flags: Optional[torch.Tensor], *, seg_len: Optional[int] = None, prefix: bool = False,
+def walk_spec(p: Problem, *, seg_len: Optional[int] = None, prefix: bool = False,
               partial: Optional[torch.Tensor] = None) -> WalkSpec:
     """The modes of the walk of ``p`` (the module docstring's table): a packed batch where ``p`` is a
     :class:`~leettriton.problem.VarlenProblem`; else the whole sequence (``seg_len`` None), or segments of
     ``seg_len`` rows whose start states are in a workspace or, with ``prefix``, summed by each program from
-    the segments' local states.  ``flags``: float16's check flags (:func:`walk_flags`; None: an unchecked
-    walk); ``partial``: the sum of the pieces of r before this one (None: none)."""
+    the segments' local states.  ``partial``: the sum of the pieces of r before this one (None: none)."""
     shared = problem_args(p)  # the flags every kernel takes: decay, initial and final state, precision
     n, r = p.shape[2], p.shape[3]
     if p.log_decay is not None and p.reverse:
@@ -1017,7 +1011,7 @@ def walk_spec(p: Problem, flags: Optional[torch.Tensor], *, seg_len: Optional[in
         ACC=partial is not None,
         TMA=tma,
         CUT=tma and (seg_len if segmented else n) % CHUNK_ROWS_MAX != 0,
-        PDL=redo_by_pdl(p, flags),
+        PDL=redo_by_pdl(p),
         PER_TOKEN_DECAY=p.log_decay is not None,
         CHECKPOINT=varlen and p.checkpoint_slots is not None,
     )
@@ -1053,7 +1047,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
         return
     B, H, n, r, d = p.shape
     args = problem_args(p)
-    spec = walk_spec(p, flags, seg_len=None if ws is None else seg_len, prefix=prefix, partial=partial)
+    spec = walk_spec(p, seg_len=None if ws is None else seg_len, prefix=prefix, partial=partial)
     if ws is None:
         seg_len, ns = n, 1
         ws = p.out  # unused stand-in
@@ -1064,7 +1058,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
                 slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=flags, sum_ptr=sums,
                 ck_ptr=ws, NCK=0, CK_EVERY=1,
                 **decays, **partial_args(p, args, partial), **spec.constexprs())
-    p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args, True))
+    p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args))
 
 
 TMA_MIN_R = 129
@@ -1176,7 +1170,7 @@ def _launch_varlen_walk(p: VarlenProblem, config: Optional[Mapping], partial: Op
                 init_ptr=stand_in if p.has_initial is None else p.has_initial, NSLOTS=p.pool_slots,
                 flag_ptr=flags, sum_ptr=p.out, **token_decay_args(p),
                 **checkpoint_args(p),
-                **partial_args(p, args, partial), **walk_spec(p, flags, partial=partial).constexprs())
+                **partial_args(p, args, partial), **walk_spec(p, partial=partial).constexprs())
     # through launch() itself: a packed batch's T and sequence count, which the direct launches would key
     # on by value, change from call to call.  Then the redo, with the config the first walk ran
     config = (config or {}).get(spaces.VARLEN.name)

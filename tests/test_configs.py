@@ -107,7 +107,10 @@ def test_autotuning_leaves_results_intact(method, tuning_for_real):
     Here the GPU family's config list is tuned for real (each trial run twice), also under the
     interpreter, on a small problem.
     """
-    case = Case(1, 1, 70, 64, 40, dtype=torch.float16, gamma=0.9, initial=True, return_state=True, seed=13)
+    # n = 70 crosses a 64-row chunk.  causal_dot_product's configs (narrow value tiles, each a program that walks
+    # every row: slow under the interpreter) take 23 rows, in blocks of 2 or 4 rows with a partial last one
+    n = 23 if method == "causal_dot_product" else 70
+    case = Case(1, 1, n, 64, 40, dtype=torch.float16, gamma=0.9, initial=True, return_state=True, seed=13)
     b, c, v, gamma, s0 = case.tensors(DEVICE)
     ref, ref_state = leettriton.reference(b, c, v, gamma, initial_state=s0, return_state=True)
     out, state = leettriton.linear_attention(b, c, v, gamma, method=method, initial_state=s0, return_state=True)

@@ -191,10 +191,19 @@ PROPERTY_N = MAX_N if HAS_GPU else 130
 PROPERTY_DIM = MAX_DIM if HAS_GPU else 64
 
 
+def property_n(method: str) -> int:
+    """The longest sequence the chaining and linearity properties draw for ``method``.  causal_dot_product walks
+    the rows in blocks of 4 (its interpreter config), one loop step of every program a block, slow under the
+    interpreter: on the CPU its cases stop at 64 rows (16 blocks, the last one partial where n is not a multiple
+    of 4)."""
+    return 64 if method == "causal_dot_product" and not HAS_GPU else PROPERTY_N
+
+
 @pytest.mark.parametrize("method", METHODS)
-@given(case=cases(min_n=2, max_n=PROPERTY_N, max_dim=PROPERTY_DIM), data=st.data())
-def test_two_pieces_equal_one(method, case, data):
+@given(data=st.data())
+def test_two_pieces_equal_one(method, data):
     """Running n rows in two pieces, chaining the state, gives the one-piece output and state."""
+    case = data.draw(cases(min_n=2, max_n=property_n(method), max_dim=PROPERTY_DIM), label="case")
     b, c, v, gamma, s0 = case.tensors(DEVICE)
     split = data.draw(st.integers(1, case.n - 1), label="split")
     axis = 2 if case.layout == "bhnd" else 1  # the sequence axis
@@ -211,10 +220,11 @@ def test_two_pieces_equal_one(method, case, data):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@given(case=cases(dtypes=[torch.float32], min_n=1, max_n=PROPERTY_N, max_dim=PROPERTY_DIM),
-       alpha=st.floats(-3.0, 3.0))
-def test_linear_in_v(method, case, alpha):
+@given(data=st.data(), alpha=st.floats(-3.0, 3.0))
+def test_linear_in_v(method, data, alpha):
     """o(b, c, v1 + α v2) = o(b, c, v1) + α o(b, c, v2) (no initial state)."""
+    case = data.draw(cases(dtypes=[torch.float32], min_n=1, max_n=property_n(method), max_dim=PROPERTY_DIM),
+                     label="case")
     b, c, v, gamma, _ = case.tensors(DEVICE)
     v2 = torch.randn(v.shape, generator=torch.Generator().manual_seed(case.seed + 1)).to(v.device)
     kw = dict(method=method, layout=case.layout)

@@ -15,17 +15,20 @@ per-token segment-state kernel.  Without the flag none of this is compiled.
 from __future__ import annotations
 
 
+import torch
 import triton
 import triton.language as tl
 
 from ...problem import Problem
 from ..spec import Plan
 from ...autotune import autotune, launch
+from ...autotune.configs import chosen_config
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state
+from ...kernels.walk import redo_by_pdl
 from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero,
                                     tile_tail, token_final_state, token_masked_product)
 
@@ -115,7 +118,7 @@ def _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides,
 def _vanilla_fwd_kernel(
     b_ptr, c_ptr, v_ptr, o_ptr, gamma_ptr, s0_ptr, st_ptr, b_strides, c_strides, v_strides, o_strides, s0_strides, st_strides,
     H, N, R, D, HAS_DECAY: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_STATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    a_ptr, a_strides, PER_TOKEN_DECAY: tl.constexpr,
+    a_ptr, a_strides, flag_ptr, PER_TOKEN_DECAY: tl.constexpr, REDO: tl.constexpr, PDL: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # batch·heads·row tiles on the grid's first axis (the others are limited to 65535);
@@ -127,46 +130,47 @@ def _vanilla_fwd_kernel(
     i_b, i_h = batch_head(i_bh, H)
     p_b, p_c, p_v, p_o = head_ptrs(b_ptr, c_ptr, v_ptr, o_ptr, b_strides, c_strides, v_strides, o_strides, i_b, i_h)
     lam = head_log2_gamma(gamma_ptr, i_h, HAS_DECAY)
+    p_flag = flag_ptr + tl.program_id(0) * tl.num_programs(1) + i_v
 
     o_i = i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
-    acc = _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h,
-                       i_t, o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY, DOT_PRECISION, False,
-                       BT, BK, BV)
-    # a non-finite entry: the tile again in the causal form, so that a non-finite value reaches later rows only
-    # (docs/nonfinite.md); one check per tile on other inputs.  The causal form is a function of its own, called
-    # rather than inlined: inlined, its reads of the products' accumulators made ptxas serialise every product
-    # of the kernel (sm_90's wgmma), the fast form's included
-    if any_nonfinite(acc):
-        _vanilla_causal_tile(p_b, p_c, p_v, p_o, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
-                             o_strides, i_b, i_h, i_t, i_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY,
-                             DOT_PRECISION, BT, BK, BV)
+    # the first launch stores the tile and whether it holds a non-finite entry; the redo (REDO, the same grid
+    # and config) computes a flagged tile again in the causal form, so that a non-finite value reaches later
+    # rows only (docs/nonfinite.md).  The causal form is a launch of its own, not a branch or a call of the
+    # first: either kept its registers live in the fast form's (docs/numerics.md, "Why the redo is a second
+    # launch")
+    if REDO:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        if tl.load(p_flag) != 0:
+            acc = _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
+                               i_b, i_h, i_t, o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY,
+                               DOT_PRECISION, True, BT, BK, BV)
+            store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
     else:
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        acc = _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
+                           i_b, i_h, i_t, o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY,
+                           DOT_PRECISION, False, BT, BK, BV)
+        tl.store(p_flag, any_nonfinite(acc).to(tl.int32))
         store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 
-@triton.jit(noinline=True)
-def _vanilla_causal_tile(p_b, p_c, p_v, p_o, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides,
-                         o_strides, i_b, i_h, i_t, i_v, lam, N, R, D, HAS_DECAY: tl.constexpr,
-                         HAS_INITIAL: tl.constexpr, PER_TOKEN_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """The output tile of rows ``i_t``, value columns ``i_v`` in the causal form (docs/nonfinite.md), stored:
-    scalars and pointers in, nothing out (Triton passes no tensor across a call)."""
-    o_i = i_t * BT + tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    acc = _output_tile(p_b, p_c, p_v, a_ptr, a_strides, s0_ptr, s0_strides, b_strides, c_strides, v_strides, i_b, i_h,
-                       i_t, o_i, o_v, lam, N, R, D, HAS_DECAY, HAS_INITIAL, PER_TOKEN_DECAY, DOT_PRECISION, True,
-                       BT, BK, BV)
-    store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
-
-
 def vanilla_fwd(p: Problem, plan: Plan) -> None:
-    """Launch the vanilla kernels for ``p`` with the plan's configs."""
+    """Launch the vanilla kernels for ``p`` with the plan's configs: the output tiles, their redo (the same
+    grid and config, a programmatic dependent launch where :func:`redo_by_pdl`), then the final state."""
     B, H, n, r, d = p.shape
     args = problem_args(p)
     args.update(decay_args(p))
     fwd_grid = lambda meta: (B * H * cdiv(n, meta["BT"]), cdiv(d, meta["BV"]))  # noqa: E731
-    launch(_vanilla_fwd_kernel, fwd_grid, plan.config(spaces.FWD), **args)
+    # one flag per program of the first launch, each written before the redo reads it (no fill)
+    flags = B * H * cdiv(n, spaces.MIN_BT) * cdiv(d, spaces.MIN_BV)
+    args.update(flag_ptr=torch.empty(flags, dtype=torch.int32, device=p.v.device), PDL=redo_by_pdl(p))
+    config = plan.config(spaces.FWD)
+    launch(_vanilla_fwd_kernel, fwd_grid, config, **args, REDO=False)
+    ran = config if config is not None else chosen_config(_vanilla_fwd_kernel)
+    launch(_vanilla_fwd_kernel, fwd_grid, ran, **args, REDO=True, **({"launch_pdl": True} if args["PDL"] else {}))
     if p.state is not None:
         if p.log_decay is not None:
             token_final_state(p, plan.configs)

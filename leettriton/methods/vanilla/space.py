@@ -37,3 +37,8 @@ FWD = KernelSpace(
     smem=_fwd_smem,
     fits=_fwd_fits,
 )
+
+MIN_BT = min(min(axes["BT"]) for axes in FWD.axes.values())
+MIN_BV = min(min(axes["BV"]) for axes in FWD.axes.values())
+"""The smallest row and value tiles of any config: a launch has at most cdiv(n, MIN_BT) · cdiv(d, MIN_BV)
+programs per batch·head, so many flags."""

@@ -5,6 +5,7 @@
 * ``LEETTRITON_AUTOTUNE=0`` (unless already set): each kernel runs its family's
   first fitting config instead of tuning every config at every new shape;
   ``test_configs.py`` runs every config of the family explicitly.
+* Under pytest-xdist (``-n N``), each worker's PyTorch threads take its share of the cores.
 * Hypothesis profiles: ``ci`` (default without a GPU: few, small examples),
   ``gpu`` (default with a GPU: more and larger), ``dev``.  Choose one with
   ``--hypothesis-profile=NAME``.
@@ -27,6 +28,10 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("LEETTRITON_AUTOTUNE", "0")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # a worker of several (pytest-xdist's -n): PyTorch's threads on its share of the cores, not on every core
+    # in contention with the other workers' threads
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -476,7 +476,7 @@ def test_walk_reads_by_descriptor_as_by_pointer(monkeypatch, one_sm_walk, method
     would read the next segment's rows there: an infinity in c, then in v, just past a segment's end leaves
     the outputs before it as the pointer reads give them (finite), not NaN."""
     walk = one_sm_walk
-    case = Case(1, 2, 100, 200, 40, dtype=dtype, gamma="tensor", gammas=(0.98, 0.9), seed=21)
+    case = Case(1, 2, 60, 200, 40, dtype=dtype, gamma="tensor", gammas=(0.98, 0.9), seed=21)
     b, c, v, gamma, _ = case.tensors(DEVICE)
     assert walk.reads_by_descriptor(make_problem(b, c, v, gamma)[0]) == _DESCRIPTORS
     out = _walk(method, b, c, v, gamma)

@@ -302,8 +302,9 @@ def test_tuner_times_the_replay_of_the_whole_call_s_graph(monkeypatch):
     with recording() as log:
         assert tune._whole_call_ms(p, "vanilla", pinned) == 0.25
     assert len(captured) == 1 and timed == [(("replayed", None), "median")]
-    # the captured call launched its one kernel with the config it was given: its autotuner never ran
-    assert [k for k, _ in log] == [kernel] and not kernel.cache
+    # the captured call launched its one kernel, then its redo (docs/nonfinite.md), with the config it was
+    # given: its autotuner never ran
+    assert [(k, args["REDO"]) for k, args in log] == [(kernel, False), (kernel, True)] and not kernel.cache
     assert_close(p.out, reference(b, c, v, g), tolerance(b.dtype), "the replayed call's output")
 
 

@@ -28,7 +28,7 @@ from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state
-from ...kernels.walk import redo_by_pdl
+from ...kernels.walk import redo_args, redo_by_pdl
 from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero,
                                     tile_tail, token_final_state, token_masked_product)
 
@@ -170,7 +170,7 @@ def vanilla_fwd(p: Problem, plan: Plan) -> None:
     config = plan.config(spaces.FWD)
     launch(_vanilla_fwd_kernel, fwd_grid, config, **args, REDO=False)
     ran = config if config is not None else chosen_config(_vanilla_fwd_kernel)
-    launch(_vanilla_fwd_kernel, fwd_grid, ran, **args, REDO=True, **({"launch_pdl": True} if args["PDL"] else {}))
+    launch(_vanilla_fwd_kernel, fwd_grid, ran, **redo_args(args))
     if p.state is not None:
         if p.log_decay is not None:
             token_final_state(p, plan.configs)

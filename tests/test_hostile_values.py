@@ -98,6 +98,27 @@ def test_nonfinite_16_bit(method, dtype):
         check_causal(out, clean, k, f"{method} {dtype}: {value} in {name} at row {k}")
 
 
+CARRY_METHODS = KERNELS + ["auto"] if DEVICE == "cuda" else ["fleet_attention", "lightning_attention"]
+CARRY_N, CARRY_RD, CARRY_ROWS = (300, 64, (127, 200, 299)) if DEVICE == "cuda" else (150, 8, (127, 149))
+
+
+@pytest.mark.parametrize("method", CARRY_METHODS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_nonfinite_16_bit_after_a_carry(method, dtype):
+    """A non-finite value in a later block or chunk, whose rows start from a carried state (on the last row of
+    a 64- or 128-row tile, inside one, on the last row): the slow form's rows before it are the fast form's bit
+    for bit, the carry's term included (on a GPU the compiler fuses it with the product's sum in one rounding,
+    and the slow form must keep that)."""
+    g = torch.Generator().manual_seed(3)
+    b, c, v = (torch.randn(1, 2, CARRY_N, x, generator=g).to(DEVICE, dtype) for x in (CARRY_RD, CARRY_RD, CARRY_RD))
+    clean = run(method, b, c, v)
+    for name in "bcv":
+        for k in CARRY_ROWS:
+            x = {"b": b, "c": c, "v": v}
+            x[name] = poisoned(x[name], k, float("inf"))
+            check_causal(run(method, **x), clean, k, f"{method} {dtype}: inf in {name} at row {k}")
+
+
 @pytest.mark.parametrize("prefix", [True, False], ids=["prefix", "scan"])
 def test_nonfinite_segmented_walk(prefix):
     """block_based's segment-parallel walk (segments of 16 rows, start states summed by the walk or by the

@@ -121,9 +121,11 @@ def _decayed_sum(acc, b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION:
     ``CAUSAL`` (the slow form, taken by a block whose output is not finite, docs/nonfinite.md): L's zeros
     above the diagonal times a non-finite c_j v_j would be NaN in rows i < j, so c ⊙ v enters with its
     non-finite entries set to zero, and each value column's rows from its first non-finite entry on are
-    NaN in ``acc`` (the definition gives them ±inf or NaN); for float16 a tile of c ⊙ v past float16's range
-    goes in scaled.  Otherwise the fast form's expression operand for operand, so the compiler lowers both
-    alike and the rows before a non-finite value are the fast form's bit for bit.
+    NaN (the definition gives them ±inf or NaN); for float16 a tile of c ⊙ v past float16's range goes in
+    scaled, its product scaled back.  The rows before a non-finite value are the fast form's bit for bit: the
+    compiler fuses ``acc``'s product (the carry term γ^(i+1) carry, made by the caller) with the sum into one
+    rounding, so the NaN rows are selected after the sum, not in ``acc``, and float16's scaled product is added
+    to ``acc`` (not ``acc`` to it), which keeps that fusion; a scale of 1 is exact (docs/nonfinite.md).
     """
     b_x = b_c.to(tl.float32)[:, None] * b_v.to(tl.float32)
     if CAUSAL:
@@ -132,12 +134,15 @@ def _decayed_sum(acc, b_l, b_c, b_v, o_r, IN_DTYPE: tl.constexpr, DOT_PRECISION:
             # float16's range goes in scaled by a power of two, undone on the float32 product
             up, down = float16_tile_scale(b_x)
             b_x = b_x * up
-        else:
-            down = 1.0
         bad = nonfinite(b_x)
         first = tl.min(tl.where(bad, o_r[:, None], 2147483647), axis=0)  # [BV]: each column's first non-finite row
-        acc = tl.where(o_r[:, None] >= first[None, :], float("nan"), acc)
-        return _split_product(b_l, tl.where(bad, 0.0, b_x), IN_DTYPE, DOT_PRECISION) * down + acc
+        b_x = tl.where(bad, 0.0, b_x)
+        if IN_DTYPE == tl.float16:
+            # acc first: its product (the carry term) fuses with the sum as in the fast form
+            b_h = acc + _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION) * down
+        else:
+            b_h = _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION) + acc
+        return tl.where(o_r[:, None] >= first[None, :], float("nan"), b_h)
     return _split_product(b_l, b_x, IN_DTYPE, DOT_PRECISION) + acc
 
 

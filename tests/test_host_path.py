@@ -120,12 +120,13 @@ def checked_attention(b, c, v, gamma, what, tol=1e-5, **kw):
         assert_close(out, ref, tol, f"{what}: output")
 
 
-@pytest.mark.parametrize("method,n", [("lightning_attention", 40), ("block_based", 40), ("block_based", 121)],
-                         ids=["lightning_attention", "block_based", "block_based-segments"])
+@pytest.mark.parametrize("method,n", [("lightning_attention", 40), ("block_based", 40), ("block_based", 121),
+                                      ("vanilla", 40)],
+                         ids=["lightning_attention", "block_based", "block_based-segments", "vanilla"])
 def test_linear_attention_repeats_only_what_the_signature_fixes(method, n):
     """Repeated calls of a signature (the walk, and at 121 rows the segment-state, scan and segmented walk
-    launches repeated as first made: four of the interpreter's 40-row segments, the last of one row) give the
-    oracle's answer for new data, strides, γ and states."""
+    launches repeated as first made: four of the interpreter's 40-row segments, the last of one row; vanilla's
+    launch and its redo) give the oracle's answer for new data, strides, γ and states."""
     gamma = torch.tensor([0.9, 0.5, 1.0], device=DEVICE)
     b, c, v = rand(B, H, n, R, seed=1), rand(B, H, n, R, seed=2), rand(B, H, n, D, seed=3)
     checked_attention(b, c, v, gamma, "first call", method=method)
@@ -182,7 +183,36 @@ def test_a_repeated_segmented_call_makes_every_launch_from_its_memo(monkeypatch)
             assert made == [], f"a repeated call launched {made} through CompiledLaunches.launch"
 
 
-@pytest.mark.parametrize("method", ["lightning_attention", "block_based"])
+def test_a_repeated_vanilla_call_makes_both_launches_from_its_memo(monkeypatch):
+    """A repeated ``vanilla`` call (its launch and the redo) launches nothing through ``CompiledLaunches.launch``,
+    with a constant γ and with per-token decays: new data and new decays each call, against the oracle."""
+    from leettriton.plan import clear_plans
+
+    clear_plans()
+    made = []
+    real = configs.CompiledLaunches.launch
+    monkeypatch.setattr(configs.CompiledLaunches, "launch",
+                        lambda self, *a, **k: (made.append(self.kernel.space.name), real(self, *a, **k))[1])
+    n = 40
+    for per_token in (False, True):
+        for seed in (1, 4, 7):
+            made.clear()
+            b, c, v = rand(B, H, n, R, seed=seed), rand(B, H, n, R, seed=seed + 1), rand(B, H, n, D, seed=seed + 2)
+            if per_token:
+                a = -torch.rand(B, H, n, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+                out = leettriton.linear_attention(b, c, v, method="vanilla", log_decay=a)
+                ref = leettriton.reference(b, c, v, log_decay=a)
+            else:
+                out = leettriton.linear_attention(b, c, v, 0.9, method="vanilla")
+                ref = leettriton.reference(b, c, v, 0.9)
+            assert_close(out, ref, tolerance(torch.float32), f"per-token {per_token}, seed {seed}")
+            if seed == 1:   # the first call of each signature makes the launch and its redo
+                assert made == ["vanilla.fwd", "vanilla.fwd"]
+            else:
+                assert made == [], f"a repeated call launched {made} through CompiledLaunches.launch"
+
+
+@pytest.mark.parametrize("method", ["lightning_attention", "block_based", "vanilla"])
 def test_a_launch_kept_for_one_shape_is_not_repeated_on_another_sharing_the_memo(method):
     """A launcher's mark names the shape it launched (B, H, n, r, d), not only what the memo's signature fixes:
     a problem of more batch elements sharing the memo launches anew.  Repeated there, the kept launch's grid
@@ -203,11 +233,13 @@ def test_every_kernel_argument_is_keyed_or_handed_over():
     """A CompiledLaunches key holds every argument that is not a tensor by value, and each tensor by dtype:
     no argument of the kernel is left out (a left-out one would be launched stale)."""
     from leettriton.methods.block_based import kernels as block_based
+    from leettriton.methods.vanilla import kernels as vanilla
 
     from leettriton.kernels import segments
 
     for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, lightning_attention._lightning_attention_fwd_kernel.launches,
-                     block_based._block_based_fwd_kernel.launches, segments._STATE_LAUNCHES, segments._SCAN_LAUNCHES):
+                     block_based._block_based_fwd_kernel.launches, segments._STATE_LAUNCHES, segments._SCAN_LAUNCHES,
+                     vanilla._LAUNCHES):
         meta = {k for k in launches.kernel.space.cpu if k not in ("num_warps", "num_stages")}
         assert set(launches.by_value) | set(launches.pointers) | meta == set(launches.arg_names)
         assert not set(launches.by_value) & set(launches.pointers)

@@ -16,6 +16,9 @@
 #   sh:CMD      bash -c CMD (quotes kept: e.g. a pytest -k expression with spaces)
 # The peers' wheels in .whl/, if any, are installed to /tmp/site first.  LEETTRITON_GIT_SHA names the commit
 # where the tree has no .git (a copy of the working tree), so the results record it.
+# PACK (optional): a folder the steps write their files into, packed after every step into $OUT/PACK.tgz (named
+# after the folder), for a call whose files come back only a few at a time: the steps' many files come back
+# as one archive.
 # The heuristic file the tuner writes is the tree's own: a later call on a fresh copy of the tree starts from
 # the committed file, so take $OUT/$GPU.json into the tree between calls, or join the calls' files afterwards
 # with `python -m leettriton.tune --gpu $GPU --merge FILE...` (each point's later measurement is kept).
@@ -57,5 +60,8 @@ for step in "$@"; do
     *) echo "unknown step kind: $kind" | tee -a "$L" ;;
   esac
   [ -f "$HEUR" ] && cp "$HEUR" "$OUT/$GPU.json"
+  if [ -n "${PACK:-}" ] && [ -d "$PACK" ]; then
+    tar czf "$OUT/.pack.tgz" -C "$PACK" . && mv "$OUT/.pack.tgz" "$OUT/$(basename "$PACK").tgz"
+  fi
 done
 echo "## $(( $(date +%s) - T0 )) s: done" | tee -a "$L"

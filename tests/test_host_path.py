@@ -239,7 +239,7 @@ def test_every_kernel_argument_is_keyed_or_handed_over():
 
     for launches in (decode._LAUNCHES, decode._TOKEN_LAUNCHES, lightning_attention._lightning_attention_fwd_kernel.launches,
                      block_based._block_based_fwd_kernel.launches, segments._STATE_LAUNCHES, segments._SCAN_LAUNCHES,
-                     vanilla._LAUNCHES):
+                     vanilla._vanilla_fwd_kernel.launches):
         meta = {k for k in launches.kernel.space.cpu if k not in ("num_warps", "num_stages")}
         assert set(launches.by_value) | set(launches.pointers) | meta == set(launches.arg_names)
         assert not set(launches.by_value) & set(launches.pointers)

@@ -896,14 +896,14 @@ WALK_POINTERS = ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr", "st_
 seen before goes straight to the compiled kernel (docs/design.md §4.5)."""
 
 
-def _launch_walk(kernel, grid, config: Optional[Mapping], batch: int, args: dict):
-    """Launch a walk kernel through its compiled launches, then its redo; returns the Launch that repeats
-    both (or None).  Its key is every argument but the tensors by value (sizes, strides, segment counts,
-    flags), the tensors by dtype, the config, and the batch size the grid reads besides the arguments.
+def launch_with_redo(kernel, grid, config: Optional[Mapping], batch: int, args: dict):
+    """Launch ``kernel`` through its compiled launches (``kernel.launches``), then its redo; returns the Launch
+    that repeats both (or None).  Its key is every argument but the tensors by value (sizes, strides, segment
+    counts, flags), the tensors by dtype, the config, and the batch size the grid reads besides the arguments.
 
-    The redo (``args["flag_ptr"]`` from :func:`walk_flags`): the same grid again with ``REDO`` and the config
-    the first launch ran (docs/numerics.md, "The redo"), a programmatic dependent launch where ``args["PDL"]``
-    (:func:`redo_by_pdl`)."""
+    The redo (``args["flag_ptr"]``, each program's flag written by the first launch): the same grid again with
+    ``REDO`` and the config the first launch ran (docs/numerics.md, "The redo"), a programmatic dependent
+    launch where ``args["PDL"]`` (:func:`redo_by_pdl`).  Every chunk walk launches so, and vanilla's kernel."""
     first = kernel.launches.launch_args(grid, config, args, batch)
     ran = config if config is not None else chosen_config(kernel)
     again = kernel.launches.launch_args(grid, ran, redo_args(args), batch)
@@ -1058,7 +1058,7 @@ def launch_chunk_walk(kernel, space: KernelSpace, p: Problem, config: Optional[M
                 slot_ptr=ws, init_ptr=ws, NSLOTS=0, flag_ptr=flags, sum_ptr=sums,
                 ck_ptr=ws, NCK=0, CK_EVERY=1,
                 **decays, **partial_args(p, args, partial), **spec.constexprs())
-    p.keep_launch(mark, _launch_walk(kernel, grid, (config or {}).get(space.name), B, args))
+    p.keep_launch(mark, launch_with_redo(kernel, grid, (config or {}).get(space.name), B, args))
 
 
 TMA_MIN_R = 129

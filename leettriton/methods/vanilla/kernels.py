@@ -22,13 +22,13 @@ import triton.language as tl
 from ...problem import Problem
 from ..spec import Plan
 from ...autotune import autotune
-from ...autotune.configs import CompiledLaunches, chosen_config
+from ...autotune.configs import CompiledLaunches
 from . import space as spaces
 from ...autotune.sizing import cdiv
 from ...kernels.abi import (any_nonfinite, batch_head, decay, head_log2_gamma, head_ptr, head_ptrs, load_tile,
                             masked_product, mma, problem_args, store_tile)
 from ...kernels.segments import final_state
-from ...kernels.walk import redo_args, redo_by_pdl
+from ...kernels.walk import launch_with_redo, redo_by_pdl
 from ...kernels.token_decay import (decay_args, log2_decays, pair_exponents, poison, prefix_sums, scalar_zero,
                                     tile_tail, token_final_state, token_masked_product)
 
@@ -157,12 +157,12 @@ def _vanilla_fwd_kernel(
         store_tile(p_o, acc, o_i, o_v, o_strides[2], o_strides[3], N, D)
 
 
-_LAUNCHES = CompiledLaunches(_vanilla_fwd_kernel, ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr", "s0_ptr",
-                                                    "st_ptr", "flag_ptr", "a_ptr"))
-"""The kernel's launches, by everything but its tensors (docs/design.md §4.5): a shape, strides, dtypes, flags and
-config seen before goes straight to the compiled kernel, for both launches; a call of a signature seen before
-repeats them from the problem's memo.  vanilla is the method of short sequences, where the host's time is the
-call's."""
+_vanilla_fwd_kernel.launches = CompiledLaunches(_vanilla_fwd_kernel, ("b_ptr", "c_ptr", "v_ptr", "o_ptr", "gamma_ptr",
+                                                                      "s0_ptr", "st_ptr", "flag_ptr", "a_ptr"))
+# The kernel's launches, by everything but its tensors (docs/design.md §4.5): a shape, strides, dtypes, flags and
+# config seen before goes straight to the compiled kernel, for both launches (walk.launch_with_redo, as the chunk
+# walk's); a call of a signature seen before repeats them from the problem's memo.  vanilla is the method of short
+# sequences, where the host's time is the call's.
 
 
 def vanilla_fwd(p: Problem, plan: Plan) -> None:
@@ -177,13 +177,7 @@ def vanilla_fwd(p: Problem, plan: Plan) -> None:
         args = problem_args(p)
         args.update(decays, flag_ptr=flags, PDL=redo_by_pdl(p), REDO=False)
         fwd_grid = lambda meta: (B * H * cdiv(n, meta["BT"]), cdiv(d, meta["BV"]))  # noqa: E731
-        config = plan.config(spaces.FWD)
-        # the grid reads B besides the arguments: it is part of the key
-        first = _LAUNCHES.launch_args(fwd_grid, config, args, B)
-        ran = config if config is not None else chosen_config(_vanilla_fwd_kernel)
-        again = _LAUNCHES.launch_args(fwd_grid, ran, redo_args(args), B)
-        if first is not None and again is not None:
-            p.keep_launch(mark, lambda tensors: first(tensors) and again(tensors))
+        p.keep_launch(mark, launch_with_redo(_vanilla_fwd_kernel, fwd_grid, plan.config(spaces.FWD), B, args))
     if p.state is not None:
         if p.log_decay is not None:
             token_final_state(p, plan.configs)

@@ -506,13 +506,12 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
     # reduction), else from the float32 tiles, which cost less to reduce than two copies (docs/design.md §2.3)
     FROM_COPY: tl.constexpr = NK == 1
     bad = tl.zeros([BV], dtype=tl.int32)
-    # float16's score range (docs/nonfinite.md): each chunk's largest decayed score, kept as two scalars (the
-    # largest over chunks; whether some chunk's was nonzero and below float16's normal range): a tile past
-    # 65 504, or all below 2^-14, sends the program round again, its tiles scaled where they need it.  Two
-    # scalars rather than a vector per key: the walk's registers are full (docs/experiments.md)
+    # float16's score range (docs/nonfinite.md): each key's largest decayed score in each chunk, kept as the
+    # largest over chunks and whether it was nonzero and below float16's normal range in some chunk (a tile
+    # all below it, or past 65 504, sends the program round again, its tiles scaled where they need it)
     F16: tl.constexpr = p_b.dtype.element_ty == tl.float16
-    tile_top = tl.zeros([], dtype=tl.float32)   # the largest score of any tile
-    tile_low = tl.zeros([], dtype=tl.int32)     # some tile's largest score nonzero and below 2^-14
+    key_max = tl.zeros([BT], dtype=tl.float32)
+    key_low = tl.zeros([BT], dtype=tl.int32)
     if CHECKPOINT:
         ck_at = t_start + CK_EVERY   # the row before which the next checkpoint falls
     for t0 in range(t_start, t_end, BT):
@@ -590,9 +589,10 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
                                          o_t, CAUSAL, PIECE, DOT_PRECISION) * down
         else:
             if F16:
-                m_tile = tl.max(tl.max(tl.abs(b_at), axis=1), axis=0)
-                tile_top = tl.maximum(tile_top, m_tile)
-                tile_low = tl.maximum(tile_low, ((m_tile > 0.0) & (m_tile < FP16_MIN_NORMAL)).to(tl.int32))
+                m_key = tl.max(tl.abs(b_at), axis=1)  # [BT]: each key's largest score in this chunk
+                key_max = tl.maximum(key_max, m_key)
+                # a key's row of zeros (padding, or no row) is neither low nor seen
+                key_low = tl.maximum(key_low, ((m_key > 0.0) & (m_key < FP16_MIN_NORMAL)).to(tl.int32))
             b_att = round_to(b_at, b_vt.dtype)
             b_ot = _values_times_scores(b_ot, b_vt, b_at, b_att, o_t, CAUSAL, PIECE, DOT_PRECISION)
         if ACC:
@@ -629,9 +629,12 @@ def _walk_chunks(s0, s1, s2, s3, p_b, p_c, p_v, p_o, p_a, p_ld, d_b, d_c, d_v, t
         p_v += BT * stride_vn
         p_o += BT * stride_on
         p_a += BT * stride_an
-    # out of float16's range: a score past 65 504, or a chunk's score tile nonzero and all below 2^-14
+    # out of float16's range: a score past 65 504, or (a necessary condition for a tile all below 2^-14, rows of
+    # zeros aside) every key with a nonzero score in some chunk below 2^-14 in some chunk
     if F16:
-        out_of_range = (tile_top > FP16_MAX) | (tile_low > 0)
+        top = tl.max(key_max, axis=0)
+        low = tl.min(tl.where(key_max > 0.0, key_low, 1), axis=0)
+        out_of_range = (top > FP16_MAX) | ((low > 0) & (top > 0.0))
     else:
         out_of_range = False
     return s0, s1, s2, s3, tl.max(bad, axis=0), out_of_range

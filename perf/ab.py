@@ -14,7 +14,9 @@ between two runs of the same code).  The command is the same each time: paths in
 current script measures both trees); ``{out}`` in it stands for the run's own folder, and a ``perf/`` script
 without ``--out`` gets ``--out`` that folder.  Every row of every result file a run writes is matched to the
 other runs' by its cell (:data:`KEYS` present in the row, or ``--keys``), and the table gives each cell's
-``--metric`` (default ``median_ms``) before, after and before₂, after ÷ before and before₂ ÷ before.  The table is
+``--metric`` (default ``median_ms``) before, after and before₂, after ÷ before and before₂ ÷ before.  ``--also REV``
+(a revision or a tree on disk, repeatable) times more trees in the same run, between "after" and "before₂", each
+with its own ratio to "before": candidates for one change compared on one machine at one time.  The table is
 printed and written, with the rows, to ``<out>/ab.json`` through perf/common.py's writer
 (``python perf/render.py`` renders it where ``<out>`` is a GPU's results folder).
 """
@@ -104,8 +106,9 @@ def cell_key(row: dict, keys: Sequence[str]) -> tuple:
     return tuple((k, row[k]) for k in keys if k in row)
 
 
-def ratio_rows(rows: dict[str, list[dict]], keys: Sequence[str], metric: str) -> list[dict]:
-    """One row per cell measured by every side: the metric of each side and the two ratios."""
+def ratio_rows(rows: dict[str, list[dict]], keys: Sequence[str], metric: str, also: Sequence[str] = ()) -> list[dict]:
+    """One row per cell measured before and after: the metric of each side and the ratios to "before" (each
+    ``also`` side's value and ratio under its label; None where that side did not measure the cell)."""
     by_side = {}
     for side, side_rows_ in rows.items():
         by_side[side] = {}
@@ -117,24 +120,36 @@ def ratio_rows(rows: dict[str, list[dict]], keys: Sequence[str], metric: str) ->
         if key not in by_side.get("after", {}):
             continue
         after, before2 = by_side["after"][key], by_side.get("before2", {}).get(key)
-        out.append(dict(key, before=before, after=after, before2=before2,
-                        after_over_before=after / before if before else None,
-                        before2_over_before=before2 / before if before and before2 is not None else None))
+        row = dict(key, before=before, after=after, before2=before2,
+                   after_over_before=after / before if before else None,
+                   before2_over_before=before2 / before if before and before2 is not None else None)
+        for label in also:
+            x = by_side.get(label, {}).get(key)
+            row[label] = x
+            row[f"{label}_over_before"] = x / before if before and x is not None else None
+        out.append(row)
     return out
 
 
-def ratio_table(ratios: Sequence[dict], keys: Sequence[str], metric: str) -> dict:
-    """The ratio table as a ``common.write_run`` table entry."""
+def ratio_table(ratios: Sequence[dict], keys: Sequence[str], metric: str, also: Sequence[str] = ()) -> dict:
+    """The ratio table as a ``common.write_run`` table entry (``also``: the labels of the more trees)."""
     used = [k for k in keys if any(k in r for r in ratios)]
+
+    def ratio(x):
+        return f"{x:.3f}" if x is not None else "—"
+
     body = [[str(r.get(k, "")) for k in used]
-            + [render.fmt_ms(r["before"]), render.fmt_ms(r["after"]), render.fmt_ms(r["before2"]),
-               f"{r['after_over_before']:.3f}" if r["after_over_before"] is not None else "—",
-               f"{r['before2_over_before']:.3f}" if r["before2_over_before"] is not None else "—"]
+            + [render.fmt_ms(r["before"]), render.fmt_ms(r["after"])]
+            + [render.fmt_ms(r[a]) if r[a] is not None else "—" for a in also]
+            + [render.fmt_ms(r["before2"]), ratio(r["after_over_before"])]
+            + [ratio(r[f"{a}_over_before"]) for a in also]
+            + [ratio(r["before2_over_before"])]
             for r in ratios]
     noise = [abs(r["before2_over_before"] - 1) for r in ratios if r["before2_over_before"] is not None]
     text = (f"{metric}; after ÷ before < 1: this tree is faster. before₂ ÷ before is the noise between two runs of "
             f"the same code" + (f" (here within ±{100 * max(noise):.1f}%)." if noise else "."))
-    headers = [*used, "before", "after", "before₂", "after ÷ before", "before₂ ÷ before"]
+    headers = [*used, "before", "after", *also, "before₂", "after ÷ before", *(f"{a} ÷ before" for a in also),
+               "before₂ ÷ before"]
     return {"title": "A/B", "headers": headers, "body": body, "text": text}
 
 
@@ -156,6 +171,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--keys", help=f"comma-separated row fields naming a cell (default those of {','.join(KEYS)} "
                                   "a row has)")
     p.add_argument("--no-second-before", action="store_true", help="run the base once (no noise estimate)")
+    p.add_argument("--also", action="append", default=[], metavar="REV",
+                   help="one more tree timed in the same run (a revision, or a folder holding a leettriton/); "
+                        "repeatable")
     args = p.parse_args(argv[:at])
     if not command:
         raise SystemExit("perf/ab.py: the benchmark command after -- is empty")
@@ -166,25 +184,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(out)
     after_sha = _git("rev-parse", "HEAD") + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
     tmp = tempfile.mkdtemp(prefix="leettriton-ab-base-")
-    kind = None
+    worktrees = []
+    also = {}   # label → (tree, sha)
     try:
         if args.base:
             tree = os.path.join(tmp, "tree")
             kind, before_sha = checkout(args.base, tree)
+            worktrees += [tree] if kind == "worktree" else []
         else:
             tree, before_sha = os.path.abspath(args.base_tree), args.base_label or "base-tree"
-        sides = SIDES[:2] if args.no_second_before else SIDES
+        for i, rev in enumerate(args.also):
+            if os.path.isdir(rev):
+                label, where, sha = os.path.basename(os.path.normpath(rev)), os.path.abspath(rev), rev
+            else:
+                where = os.path.join(tmp, f"also{i}")
+                kind, sha = checkout(rev, where)
+                worktrees += [where] if kind == "worktree" else []
+                label = rev
+            if label in SIDES or label in also:
+                raise SystemExit(f"perf/ab.py: --also {rev}: the label {label!r} is taken")
+            also[label] = (where, sha)
+        sides = [*SIDES[:2], *also, *([] if args.no_second_before else SIDES[2:])]
         codes = {}
         for side in sides:
-            codes[side] = run_side(side, ROOT if side == "after" else tree, command, os.path.join(out, side),
-                                   after_sha if side == "after" else before_sha)
+            if side in also:
+                where, sha = also[side]
+            elif side == "after":
+                where, sha = ROOT, after_sha
+            else:
+                where, sha = tree, before_sha
+            codes[side] = run_side(side, where, command, os.path.join(out, side), sha)
     finally:
-        if kind == "worktree":
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", os.path.join(tmp, "tree")],
-                           capture_output=True)
+        for where in worktrees:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", where], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    ratios = ratio_rows({side: side_rows(os.path.join(out, side)) for side in codes}, keys, args.metric)
-    entry = ratio_table(ratios, keys, args.metric)
+    ratios = ratio_rows({side: side_rows(os.path.join(out, side)) for side in codes}, keys, args.metric, list(also))
+    entry = ratio_table(ratios, keys, args.metric, list(also))
     print(render.render_tables([entry], "##"))
     if not ratios:
         print("no cell was measured by both trees (see each run's console.log)")
@@ -194,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     meta = dict(bench.environment(), command="python perf/ab.py " + " ".join(map(shlex.quote, argv)),
                 base=args.base or args.base_tree, base_sha=before_sha, git_sha=after_sha,
-                exit_codes=codes)
+                also={label: sha for label, (_, sha) in also.items()}, exit_codes=codes)
     print("wrote", common.write_run(os.path.join(out, "ab"), meta, ratios, title="A/B", tables=[entry]))
     return 0 if ratios and all(c == 0 for c in codes.values()) else 1
 

@@ -11,6 +11,9 @@
 #            RetNet-1.3B's layer at 1 × 8192, each before / after / before again (perf/ab.py); vanilla at
 #            n 64 and 512 against VANILLA_BASE (default ae55516, its single-launch form); then the GPU tests
 #            of hostile inputs and of the host path
+#   candidates  float16 with decay, where the walk's range check costs registers: the chunked bench's cells and
+#            RetNet-1.3B's layer, this tree against BASE with each of CANDIDATES (revisions, default 36bb3dd: the
+#            check as two scalars a program) in the same run (perf/ab.py --also)
 #   hostile  perf/hostile_gpu.py: non-finite causality, float16's range beside fla, strided indices, overlap
 #   serving  bench_tree, bench_checkpoints, bench_mixed
 #   compile  bench_compile (fla beside, from .whl/), bench_host_time
@@ -23,7 +26,7 @@
 # The files land under $OUT/w/<gpu>/ (the benchmarks' own results folders) and $OUT/w/<name>/ (the A/Bs): join
 # each into the tree's perf/results/<gpu>/ with `python perf/render.py --fold FILE perf/results/<gpu>/NAME.json`.
 set -u
-GROUP=${1:?name a group: ab, hostile, serving, compile, decay, tables or suite}
+GROUP=${1:?name a group: ab, candidates, hostile, serving, compile, decay, tables or suite}
 BUDGET=${2:-540}
 export OUT=${OUT:?set OUT}
 W=$OUT/w
@@ -44,6 +47,11 @@ case $GROUP in
       "sh:$(ab $BASE) --out $W/ab_retnet -- $B --methods auto --dtype bfloat16,float16 --batch 1 --heads 8 --r 256 --d 512 --n 8192 --decay on 2>&1 | tail -8"
       "sh:LEETTRITON_AUTOTUNE=0 $(ab $VANILLA_BASE) --out $W/ab_vanilla -- $B --methods vanilla --dtype bfloat16,float16 --batch 1,16 --n 64,512 --decay on 2>&1 | tail -14"
       "sh:$TESTS tests/test_hostile_values.py tests/test_hostile_inputs.py tests/test_host_path.py 2>&1 | tail -8") ;;
+  candidates)
+    also=""; for rev in ${CANDIDATES:-36bb3dd}; do also+=" --also $rev"; done
+    steps=(
+      "sh:LEETTRITON_AUTOTUNE=0 $(ab $BASE)$also --out $W/ab_candidates -- $B --methods lightning_attention,block_based,auto --dtype float16 --batch 1,16 --n 8192 --decay on 2>&1 | tail -14"
+      "sh:LEETTRITON_AUTOTUNE=0 $(ab $BASE)$also --out $W/ab_candidates_retnet -- $B --methods lightning_attention,block_based,auto --dtype float16 --batch 1,8 --heads 8 --r 256 --d 512 --n 8192 --decay on 2>&1 | tail -14") ;;
   hostile) steps=("sh:python3 perf/hostile_gpu.py --out $W/hostile.json 2>&1 | tail -25") ;;
   serving)
     steps=("sh:python3 perf/bench_tree.py --out $W 2>&1 | tail -20"

@@ -130,6 +130,16 @@ def test_ab_matches_cells_across_runs_and_gives_both_ratios(tmp_path):
     assert ratios[0]["before2_over_before"] == pytest.approx(1.1)
     entry = ab.ratio_table(ratios, ab.KEYS, "median_ms")
     assert entry["body"][0][-2:] == ["0.500", "1.100"] and "±10.0%" in entry["text"]
+    rows["cand"] = [dict(cell, median_ms=0.3)]                   # a tree more (--also): its own ratio to before
+    ratios = ab.ratio_rows(rows, ab.KEYS, "median_ms", ["cand"])
+    assert ratios[0]["cand"] == 0.3 and ratios[0]["cand_over_before"] == pytest.approx(1.5)
+    entry = ab.ratio_table(ratios, ab.KEYS, "median_ms", ["cand"])
+    assert entry["headers"][-7:] == ["before", "after", "cand", "before₂", "after ÷ before", "cand ÷ before",
+                                     "before₂ ÷ before"]
+    assert entry["body"][0][-3:] == ["0.500", "1.500", "1.100"]
+    rows["cand"] = []                                              # a tree that measured nothing: dashes
+    entry = ab.ratio_table(ab.ratio_rows(rows, ab.KEYS, "median_ms", ["cand"]), ab.KEYS, "median_ms", ["cand"])
+    assert entry["body"][0][-2] == "—"
     words = ab.side_command(["python", "perf/bench_chunked.py", "--shapes", "1x8192"], str(tmp_path))
     assert words[0] == sys.executable and words[1] == os.path.join(PERF, "bench_chunked.py")
     assert words[-2:] == ["--out", str(tmp_path)]                # each run writes into its own folder

@@ -6,8 +6,9 @@
 #   OUT=/tmp/out bash perf/verify_gpu.sh GROUP [BUDGET_S]       # in a checkout with its git history
 #
 # GROUP:
-#   ab       no slowdown against BASE (default 1ab5c05; a revision, or a folder holding its leettriton/): the chunked bench's rows (lightning_attention,
-#            block_based, auto; float16 and bfloat16; batch 1 and 16; n 8192; with and without decay), and
+#   ab       no slowdown against BASE (default 1ab5c05; a revision, or a folder holding its leettriton/): the
+#            chunked bench's rows (lightning_attention, block_based, auto; float16 and bfloat16; batch 1 and 16;
+#            n 8192; with and without decay), and
 #            RetNet-1.3B's layer at 1 × 8192, each before / after / before again (perf/ab.py); vanilla at
 #            n 64 and 512 against VANILLA_BASE (default ae55516, its single-launch form); then the GPU tests
 #            of hostile inputs and of the host path

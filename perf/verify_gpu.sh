@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of a release, in groups that each fit one call of a few minutes (perf/gpu_steps.sh runs the
-# steps, each under what is left of the budget; every step's files are packed into $OUT/w.tgz as it ends, so a
-# call cut off still brings back what its finished steps wrote).
+# steps, each under what is left of the budget).  The steps write their files outside $OUT, into WORK/GROUP
+# (WORK default /tmp/leettriton-verify), packed into $OUT/GROUP.tgz as each step ends: a machine that brings
+# back a few files of $OUT gets the archive and the log ($OUT/GROUP.log), and a call cut off still brings back
+# what its finished steps wrote.
 #
 #   OUT=/tmp/out bash perf/verify_gpu.sh GROUP [BUDGET_S]       # in a checkout with its git history
 #
@@ -24,15 +26,15 @@
 #   suite    the test suite on the GPU
 #
 # The peers' wheels go in .whl/ first (perf/README.md); pytest-xdist's wheels there too for the test steps.
-# The files land under $OUT/w/<gpu>/ (the benchmarks' own results folders) and $OUT/w/<name>/ (the A/Bs): join
+# In the archive: <gpu>/ (the benchmarks' own results folders) and <name>/ (the A/Bs' runs and ab.json): join
 # each into the tree's perf/results/<gpu>/ with `python perf/render.py --fold FILE perf/results/<gpu>/NAME.json`.
 set -u
 GROUP=${1:?name a group: ab, candidates, hostile, serving, compile, decay, tables or suite}
 BUDGET=${2:-540}
 export OUT=${OUT:?set OUT}
-W=$OUT/w
+W=${WORK:-/tmp/leettriton-verify}/$GROUP
 export PACK=$W
-mkdir -p "$W"
+mkdir -p "$W" "$OUT"
 BASE=${BASE:-1ab5c05}
 VANILLA_BASE=${VANILLA_BASE:-ae55516}
 B="python3 -m leettriton.bench --no-check --json '{out}/bench.json'"
